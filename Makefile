@@ -1,0 +1,32 @@
+# make run   build the default example (outputs/mlp/cpu-baked-default/)
+# make test  lint, then the whole test suite
+VENV   ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint format clean
+
+# (Re)create the venv when it is absent or older than the lock or pyproject.
+$(STAMP): requirements.lock pyproject.toml
+	rm -rf $(VENV)
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --no-deps -r requirements.lock
+	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+run: $(STAMP)
+	$(PYTHON) -m flashrt_build +module=mlp
+
+lint: $(STAMP)
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+test: lint
+	$(PYTHON) -m pytest -q
+
+format: $(STAMP)
+	$(PYTHON) -m ruff format .
+	$(PYTHON) -m ruff check --fix .
+
+clean:
+	rm -rf $(VENV) outputs/*/ outputs/.runs outputs/.sweeps

@@ -1,0 +1,77 @@
+"""The command line: a thin Hydra shell over `flashrt_build.build`.
+
+Exit codes: 0 built or up to date; 1 a build failed; 2 the config or the
+command line is wrong. Errors print as one line; set FLASHRT_TRACEBACK=1 (or
+HYDRA_FULL_ERROR=1) for the traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from .config import CONF_DIR
+from .schema import register_schema
+
+log = logging.getLogger("flashrt_build")
+
+# Overrides that pick a group or say where to build; any other override makes
+# a variant that gets its own output directory.
+_NAMING_KEYS = {"module", "target", "inductor", "weights", "output_root", "output_dir", "variant", "verify"}
+
+# Exit codes of the jobs this process ran (one in a run, several in a sweep).
+_job_codes: list[int] = []
+
+
+def variant_of(overrides: list[str]) -> str | None:
+    """A directory-safe suffix from overrides that are not group choices."""
+    parts = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in _NAMING_KEYS or key.split(".")[0] in ("verify", "hydra"):
+            continue
+        parts.append(re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{key}={value}"))
+    return ",".join(parts).replace("=", "_").replace(",", "-") or None
+
+
+def run_job(cfg: DictConfig) -> int:
+    """Build one config; return its exit code instead of raising."""
+    from .build import build  # torch is imported here, after Hydra parsed the command line
+    from .errors import FlashrtError
+
+    if cfg.get("variant") is None and HydraConfig.initialized():
+        with open_dict(cfg):
+            cfg.variant = variant_of(list(HydraConfig.get().overrides.task))
+    try:
+        build(cfg)
+        return 0
+    except FlashrtError as exc:
+        if os.environ.get("FLASHRT_TRACEBACK") or os.environ.get("HYDRA_FULL_ERROR"):
+            log.exception("build failed")
+        log.error("%s: %s", type(exc).__name__, exc)
+        return exc.exit_code
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    _job_codes.append(run_job(cfg))
+
+
+def main() -> None:
+    """Console entry point (`flashrt-build`, `python -m flashrt_build`)."""
+    register_schema()
+    try:
+        _hydra_main()
+    except SystemExit as exc:
+        # Hydra exits 1 on any composition error (unknown key, wrong type,
+        # missing group option): that is the command line's fault, so exit 2.
+        if exc.code not in (0, None) and not _job_codes:
+            sys.exit(2)
+        raise
+    sys.exit(max(_job_codes, default=0))

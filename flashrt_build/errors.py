@@ -1,0 +1,53 @@
+"""One exception type per kind of failure, each mapped to one exit code.
+
+Every message states the rule, the offending value and what was expected, so
+the CLI can print it as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class FlashrtError(Exception):
+    """Base class of every error flashrt_build raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(FlashrtError):
+    """The config or the command line is wrong (exit code 2)."""
+
+    exit_code = 2
+
+    def __init__(self, key: str, value: object, expected: str) -> None:
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"config key '{key}' = {value!r}: {expected}")
+
+
+class BuildError(FlashrtError):
+    """A build stage failed on a valid config (exit code 1)."""
+
+
+class InstantiateError(BuildError):
+    """The module could not be constructed or its checkpoint not loaded."""
+
+
+class ExportError(BuildError):
+    """torch.export could not capture the whole module as one graph."""
+
+
+class CompileError(BuildError):
+    """AOTInductor failed to compile or package the exported graph."""
+
+
+class VerifyError(BuildError):
+    """The package disagrees with the eager module."""
+
+
+class ArtifactError(FlashrtError):
+    """A built artifact is missing, incomplete or altered since its build."""
+
+
+def first_lines(exc: BaseException, n: int = 3) -> str:
+    """The first `n` non-empty lines of an exception's message, on one line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return " | ".join(lines[:n]) or type(exc).__name__

@@ -1,0 +1,86 @@
+"""Stage 2: instantiate the module, load its checkpoint strictly, cast it."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+
+from .errors import ConfigError, InstantiateError, first_lines
+from .inputs import torch_dtype
+from .spec import BuildSpec
+
+log = logging.getLogger(__name__)
+
+
+def import_target(target: str) -> object:
+    """Import a dotted `_target_` or raise a ConfigError naming it."""
+    module_path, _, attr = target.rpartition(".")
+    try:
+        obj = importlib.import_module(module_path) if module_path else None
+        return getattr(obj, attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError("module.model._target_", target, f"cannot be imported ({exc})") from None
+
+
+def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
+    """Build the `nn.Module`, seeded, in eval mode, on the target device and dtype."""
+    import_target(spec.target)  # an unimportable target is a config error, not a build error
+    torch.manual_seed(spec.seed)
+    try:
+        module = instantiate(dict(spec.model), _convert_="all")
+    except InstantiationException as exc:
+        cause = exc.__cause__ or exc
+        raise InstantiateError(
+            f"constructing {spec.target} raised {type(cause).__name__}: {first_lines(cause)}"
+        ) from exc
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError("module.model._target_", spec.target, f"expected an nn.Module, got {type(module).__name__}")
+    if spec.checkpoint is not None:
+        load_checkpoint(module, spec.checkpoint)
+    module.eval()
+    module.to(device=spec.device, dtype=torch_dtype(spec.dtype))
+    return module
+
+
+def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict from a safetensors file or a torch file, never unpickling code."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ConfigError("module.checkpoint", str(path), f"not a readable state dict ({first_lines(exc)})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # the Lightning layout
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError("module.checkpoint", str(path), "expected a mapping of names to tensors")
+    return state
+
+
+def load_checkpoint(module: torch.nn.Module, path: Path) -> None:
+    """Load strictly: every missing, unexpected or mis-shaped key is listed."""
+    state = read_checkpoint(path)
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong_shape = sorted(
+        f"{k} {list(state[k].shape)} (module has {list(own[k].shape)})"
+        for k in set(own) & set(state)
+        if state[k].shape != own[k].shape
+    )
+    problems = [
+        f"{label}: {', '.join(keys)}"
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape))
+        if keys
+    ]
+    if problems:
+        raise ConfigError("module.checkpoint", str(path), "keys do not match the module; " + "; ".join(problems))
+    module.load_state_dict(state, strict=True)
+    log.debug("loaded %d tensors from %s", len(state), path)

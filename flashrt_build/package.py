@@ -1,0 +1,67 @@
+"""Stage 5: compile the exported graph with AOTInductor into a `.pt2` package."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CompileError, ConfigError, first_lines
+
+# Options flashrt_build sets itself, whatever the profile says.
+FORCED_OPTIONS: dict[str, Any] = {
+    # Tiny constants would otherwise be inlined into the code and vanish from
+    # get_constant_fqns(), so the manifest could not list every weight.
+    "always_keep_tensor_constants": True,
+}
+
+
+def validate_inductor_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check option names and value types against torch's Inductor config."""
+    known = torch._inductor.config.get_config_copy()
+    problems = []
+    for key, value in options.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            problems.append(
+                ConfigError(
+                    f"inductor.options.{key}", value, f"not an Inductor option in torch {torch.__version__}{hint}"
+                )
+            )
+            continue
+        default = known[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            problems.append(ConfigError(f"inductor.options.{key}", value, "expected true or false"))
+        elif key in FORCED_OPTIONS and value != FORCED_OPTIONS[key]:
+            problems.append(
+                ConfigError(f"inductor.options.{key}", value, f"flashrt_build requires {FORCED_OPTIONS[key]!r}")
+            )
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError("inductor.options", sorted(options), "; ".join(str(p) for p in problems))
+    return {**options, **FORCED_OPTIONS}
+
+
+def compile_package(
+    program: torch.export.ExportedProgram, options: Mapping[str, Any], package_path: Path, target: str
+) -> Path:
+    """AOTInductor compile + package, with `options` already validated."""
+    try:
+        path = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(package_path), inductor_configs=dict(options)
+        )
+    except Exception as exc:
+        raise CompileError(
+            f"AOTInductor failed to compile {target} ({type(exc).__name__}): {first_lines(exc, 4)}"
+        ) from exc
+    return Path(path)
+
+
+def load_package(path: Path, device_index: int = -1) -> Any:
+    """Load a `.pt2` package into this process (torch's AOTICompiledModel)."""
+    return torch._inductor.aoti_load_package(str(path), device_index=device_index)

@@ -1,0 +1,120 @@
+"""Structured-config schema: one dataclass per config group.
+
+Registered in Hydra's ConfigStore as the base of `conf/config.yaml`, so every
+group file is merged into a typed node: a wrong type, an unknown key or a
+missing required key fails at composition with Hydra's message naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class WeightsMode(str, Enum):
+    """Where the weights live: inside the package or in a safetensors sidecar."""
+
+    baked = "baked"
+    external = "external"
+
+
+@dataclass
+class DimConfig:
+    """A dynamic range for one axis of an input, turned into `torch.export.Dim`."""
+
+    min: int = MISSING
+    max: int = MISSING
+    # Axes that must always be equal (input_ids and attention_mask on the
+    # sequence axis) share one name; unnamed axes get `<input>_<axis>`.
+    name: str | None = None
+
+
+@dataclass
+class InputConfig:
+    """One example input of the module's forward."""
+
+    shape: list[int] = MISSING
+    dtype: str = "float32"
+    # Keys are axis numbers; `Any` so a command-line override (`dynamic.0.max=8`)
+    # can address them as well as YAML can.
+    dynamic: dict[Any, DimConfig] = field(default_factory=dict)
+    # Value range for integer inputs (token ids): low inclusive, high exclusive.
+    low: int | None = None
+    high: int | None = None
+    # Passed positionally, in the order listed, instead of by keyword.
+    positional: bool = False
+
+
+@dataclass
+class ModuleConfig:
+    """The module to build: what to instantiate and how to call it."""
+
+    name: str = MISSING
+    # The node given to hydra.utils.instantiate: `_target_` plus its arguments.
+    model: Any = MISSING
+    inputs: dict[str, InputConfig] = MISSING
+    # Constant keyword arguments baked into the graph (use_cache: false).
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # A safetensors file or torch state dict, loaded strictly before export.
+    checkpoint: str | None = None
+
+
+@dataclass
+class TargetConfig:
+    """The device and dtype the module is cast to and compiled for."""
+
+    name: str = "cpu"
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@dataclass
+class InductorConfig:
+    """Inductor options passed through to AOTInductor, validated against torch's."""
+
+    name: str = "default"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VerifyConfig:
+    """Parity of the package against the eager module before publishing."""
+
+    enabled: bool = True
+    # null: the per-dtype default (see flashrt_build.verify.DEFAULT_TOLERANCES).
+    atol: float | None = None
+    rtol: float | None = None
+    bench: bool = False
+
+
+@dataclass
+class BuildConfig:
+    """One build. `module` is added with `+module=NAME`."""
+
+    module: ModuleConfig | None = None
+    target: TargetConfig = field(default_factory=TargetConfig)
+    inductor: InductorConfig = field(default_factory=InductorConfig)
+    weights: WeightsMode = WeightsMode.baked
+    output_root: str = "outputs"
+    # Exact directory for this build; null derives it from the module name and
+    # the config choices (never a timestamp).
+    output_dir: str | None = None
+    # Suffix of the derived directory; the CLI sets it from any overrides that
+    # are not group choices, so two variants of one sweep never share a dir.
+    variant: str | None = None
+    # Seeds the example inputs and the module's random initialisation.
+    seed: int = 0
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    release: bool = False
+
+
+SCHEMA_NAME = "flashrt_build_schema"
+
+
+def register_schema() -> None:
+    """Store the schema so `conf/config.yaml` can name it in its defaults."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=BuildConfig)

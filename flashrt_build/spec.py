@@ -1,0 +1,270 @@
+"""Stage 1: a composed config becomes a validated, typed `BuildSpec`.
+
+Pure logic with no torch import, so config mistakes are reported before any
+heavy work starts, and all of them at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import ConfigError
+from .schema import WeightsMode
+
+# torch dtype names accepted in configs, with the usual short aliases.
+DTYPES = {
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+    "double": "float64",
+    "int64": "int64",
+    "long": "int64",
+    "int32": "int32",
+    "int": "int32",
+    "int16": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+}
+FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
+DEVICES = ("cpu", "cuda")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class DimSpec:
+    name: str
+    min: int
+    max: int
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dynamic: Mapping[int, DimSpec]
+    low: int | None
+    high: int | None
+    positional: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "dynamic": {
+                str(axis): {"name": d.name, "min": d.min, "max": d.max} for axis, d in sorted(self.dynamic.items())
+            },
+            "positional": self.positional,
+        }
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything one build needs, resolved and checked."""
+
+    name: str
+    model: Mapping[str, Any]
+    target: str  # the `_target_` dotted path
+    inputs: tuple[InputSpec, ...]
+    kwargs: Mapping[str, Any]
+    checkpoint: Path | None
+    device: str
+    dtype: str
+    inductor_options: Mapping[str, Any]
+    weights: WeightsMode
+    output_dir: Path
+    seed: int
+    verify: bool
+    atol: float | None
+    rtol: float | None
+    release: bool
+    config: Mapping[str, Any]  # the resolved config, JSON-ready
+
+
+def canonical_dtype(key: str, name: object) -> str:
+    """The torch name of a dtype given in a config, or a ConfigError."""
+    if isinstance(name, str) and name in DTYPES:
+        return DTYPES[name]
+    raise ConfigError(key, name, f"expected a dtype name, one of {sorted(set(DTYPES.values()))}")
+
+
+def flatten_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{cpp: {march: x}}` and `{"cpp.march": x}` both become `{"cpp.march": x}`."""
+    flat: dict[str, Any] = {}
+    for key, value in options.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_options(value, prefix=f"{full}."))
+        else:
+            flat[full] = value
+    return flat
+
+
+def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
+    """Validate a composed config and resolve it into a `BuildSpec`.
+
+    Collects every problem it finds and raises them as one ConfigError.
+    """
+    cwd = cwd or Path.cwd()
+    if cfg.get("module") is None:
+        raise ConfigError("module", None, "no module given: add +module=NAME (see conf/module/)")
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
+    except Exception as exc:  # an interpolation or a missing mandatory value
+        key = getattr(exc, "full_key", "?")
+        raise ConfigError(key, "???", f"a value is required ({type(exc).__name__})") from None
+    assert isinstance(config, dict)
+    problems: list[ConfigError] = []
+
+    def check(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            problems.append(exc)
+            return None
+
+    module = config["module"]
+    name = module["name"]
+    if not isinstance(name, str) or not _NAME.match(name):
+        problems.append(ConfigError("module.name", name, "expected letters, digits, '_', '.', '-'"))
+    model = module["model"]
+    target = model.get("_target_") if isinstance(model, dict) else None
+    if not isinstance(target, str) or not target:
+        problems.append(ConfigError("module.model._target_", target, "expected a dotted import path"))
+    if not module["inputs"]:
+        problems.append(ConfigError("module.inputs", {}, "expected at least one input"))
+    inputs = tuple(
+        spec
+        for spec in (check(_resolve_input, in_name, raw) for in_name, raw in module["inputs"].items())
+        if spec is not None
+    )
+    check(_check_shared_dims, inputs)
+
+    device = config["target"]["device"]
+    if device.split(":")[0] not in DEVICES:
+        problems.append(ConfigError("target.device", device, f"expected one of {list(DEVICES)}"))
+    dtype = check(canonical_dtype, "target.dtype", config["target"]["dtype"])
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        problems.append(ConfigError("target.dtype", dtype, f"expected a float dtype, one of {sorted(FLOAT_DTYPES)}"))
+
+    checkpoint = module.get("checkpoint")
+    checkpoint_path = (cwd / checkpoint) if checkpoint else None
+    if checkpoint_path is not None and not checkpoint_path.is_file():
+        problems.append(ConfigError("module.checkpoint", checkpoint, "no such file"))
+
+    verify = config["verify"]
+    for key in ("atol", "rtol"):
+        if verify[key] is not None and not verify[key] >= 0:
+            problems.append(ConfigError(f"verify.{key}", verify[key], "expected a number >= 0"))
+
+    if config.get("variant") is not None and not _NAME.match(str(config["variant"])):
+        problems.append(ConfigError("variant", config["variant"], "expected letters, digits, '_', '.', '-'"))
+    output_dir = check(derive_output_dir, config, cwd)
+
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ConfigError("config", f"{len(problems)} errors", f"fix the following:\n{lines}")
+
+    return BuildSpec(
+        name=name,
+        model=model,
+        target=target,
+        inputs=inputs,
+        kwargs=dict(module.get("kwargs") or {}),
+        checkpoint=checkpoint_path,
+        device=device,
+        dtype=dtype,
+        inductor_options=flatten_options(config["inductor"]["options"] or {}),
+        weights=WeightsMode(config["weights"]),
+        output_dir=output_dir,
+        seed=int(config["seed"]),
+        verify=bool(verify["enabled"]),
+        atol=verify["atol"],
+        rtol=verify["rtol"],
+        release=bool(config["release"]),
+        config=config,
+    )
+
+
+def _resolve_input(name: str, raw: Mapping[str, Any]) -> InputSpec:
+    key = f"module.inputs.{name}"
+    if not _NAME.match(name) or "." in name:
+        raise ConfigError(key, name, "an input name must be a Python identifier")
+    shape = tuple(raw["shape"])
+    if any(not isinstance(n, int) or n <= 0 for n in shape):
+        raise ConfigError(f"{key}.shape", list(shape), "expected positive integer sizes")
+    dtype = canonical_dtype(f"{key}.dtype", raw["dtype"])
+    dynamic: dict[int, DimSpec] = {}
+    for raw_axis, rng in (raw.get("dynamic") or {}).items():
+        dkey = f"{key}.dynamic.{raw_axis}"
+        axis = int(raw_axis) if str(raw_axis).lstrip("-").isdigit() else None
+        if axis is None or not 0 <= axis < len(shape):
+            raise ConfigError(f"{key}.dynamic", raw_axis, f"expected an integer axis in [0, {len(shape)})")
+        lo, hi = rng["min"], rng["max"]
+        if lo < 1 or hi < lo:
+            raise ConfigError(dkey, {"min": lo, "max": hi}, "expected 1 <= min <= max")
+        if not lo <= shape[axis] <= hi:
+            raise ConfigError(
+                f"{key}.shape", list(shape), f"axis {axis} = {shape[axis]} lies outside its dynamic range [{lo}, {hi}]"
+            )
+        dynamic[axis] = DimSpec(name=rng.get("name") or f"{name}_{axis}", min=lo, max=hi)
+    low, high = raw.get("low"), raw.get("high")
+    if (low is not None or high is not None) and dtype in FLOAT_DTYPES:
+        raise ConfigError(f"{key}.low", low, "low/high apply to integer inputs only")
+    if low is not None and high is not None and high <= low:
+        raise ConfigError(f"{key}.high", high, f"expected high > low = {low}")
+    return InputSpec(name, shape, dtype, dynamic, low, high, bool(raw.get("positional")))
+
+
+def _check_shared_dims(inputs: tuple[InputSpec, ...]) -> None:
+    """Axes that share a dim name must agree on its range and example size."""
+    seen: dict[str, tuple[DimSpec, int, str]] = {}
+    for spec in inputs:
+        for axis, dim in spec.dynamic.items():
+            where = f"module.inputs.{spec.name}.dynamic.{axis}"
+            if dim.name in seen:
+                first, size, first_where = seen[dim.name]
+                if (first.min, first.max, size) != (dim.min, dim.max, spec.shape[axis]):
+                    raise ConfigError(
+                        where, dim.name, f"dim '{dim.name}' must match {first_where} (range and example size)"
+                    )
+            else:
+                seen[dim.name] = (dim, spec.shape[axis], where)
+
+
+def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
+    """The build's output directory: `output_dir`, or one derived from choices.
+
+    Derived: `<output_root>/<module>/<target>-<weights>-<inductor>[-<variant>]`,
+    never a timestamp, so a rebuild lands where the last one did.
+    """
+    root = (cwd / config["output_root"]).resolve()
+    if config.get("output_dir"):
+        return (cwd / config["output_dir"]).resolve()
+    parts = [config["target"]["name"], str(config["weights"]), config["inductor"]["name"]]
+    if config.get("variant"):
+        parts.append(config["variant"])
+    leaf = "-".join(parts)
+    name = config["module"]["name"]
+    if not _NAME.match(name) or not _NAME.match(leaf):
+        return root / "invalid"  # module.name or variant is reported by resolve_spec
+    path = (root / name / leaf).resolve()
+    if root not in path.parents:
+        raise ConfigError("module.name", name, f"the build directory must stay inside output_root {root}")
+    return path

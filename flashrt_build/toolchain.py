@@ -1,0 +1,62 @@
+"""What produced a package: torch, Python, the C++ compiler, CUDA and the CPU."""
+
+from __future__ import annotations
+
+import functools
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=False)
+        return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def cpp_compiler(options: Mapping[str, Any]) -> str:
+    """The compiler Inductor will call, honouring a `cpp.cxx` option."""
+    from torch._inductor import cpp_builder
+
+    with torch._inductor.config.patch({k: v for k, v in options.items() if k == "cpp.cxx"}):
+        cxx = cpp_builder.get_cpp_compiler()
+    return shutil.which(cxx) or cxx
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def describe_toolchain(device: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The toolchain section of the manifest."""
+    cxx = cpp_compiler(options)
+    gpu = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        gpu = {"name": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}"}
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "hydra_core": _version("hydra-core"),
+        "omegaconf": _version("omegaconf"),
+        "safetensors": _version("safetensors"),
+        "cxx": {"path": cxx, "version": compiler_version(cxx)},
+        "cuda": torch.version.cuda,
+        "gpu": gpu,
+        "cpu_isa": torch.backends.cpu.get_cpu_capability(),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+    }

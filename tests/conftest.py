@@ -1,0 +1,76 @@
+"""Test tiers.
+
+    make test                      lint + everything (CI runs this)
+    .venv/bin/pytest -m "not slow"  unit tests only: pure logic, no compiles (seconds)
+    .venv/bin/pytest -m slow        integration: real torch.export + AOTInductor builds
+
+Each distinct package is compiled once per session by a session-scoped fixture
+below, and many tests assert on it. GPU tests are marked `gpu` and skip
+without CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import flashrt_build
+from flashrt_build.config import compose
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+# Test-only modules (tests/modules.py) must import in CLI subprocesses too.
+sys.path.insert(0, str(TESTS))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+def build_config(*overrides: str, output_dir: Path) -> flashrt_build.BuildResult:
+    return flashrt_build.build(compose([*overrides, f"output_dir={output_dir}"]))
+
+
+@pytest.fixture(scope="session")
+def mlp_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    return build_config("+module=mlp", output_dir=tmp_path_factory.mktemp("mlp") / "out")
+
+
+@pytest.fixture(scope="session")
+def mlp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A safetensors checkpoint for mlp whose weights differ from the seeded init."""
+    from flashrt_build.examples import MLP
+
+    torch.manual_seed(1234)
+    state = {k: v.contiguous() for k, v in MLP().state_dict().items()}
+    path = tmp_path_factory.mktemp("ckpt") / "mlp.safetensors"
+    save_file(state, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def mlp_checkpoint_build(tmp_path_factory: pytest.TempPathFactory, mlp_checkpoint: Path) -> flashrt_build.BuildResult:
+    return build_config(
+        "+module=mlp", f"module.checkpoint={mlp_checkpoint}", output_dir=tmp_path_factory.mktemp("mlp_ckpt") / "out"
+    )
+
+
+@pytest.fixture(scope="session")
+def gpt2_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    return build_config("+module=gpt2_tiny", output_dir=tmp_path_factory.mktemp("gpt2") / "out")
+
+
+@pytest.fixture(scope="session")
+def bert_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    return build_config("+module=bert_tiny", output_dir=tmp_path_factory.mktemp("bert") / "out")

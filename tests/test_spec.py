@@ -1,0 +1,186 @@
+"""Config composition and validation: pure logic, nothing is compiled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from flashrt_build.cli import variant_of
+from flashrt_build.config import CONF_DIR, compose
+from flashrt_build.errors import ConfigError
+from flashrt_build.schema import WeightsMode
+from flashrt_build.spec import flatten_options, resolve_spec
+
+SHIPPED = sorted(p.stem for p in (CONF_DIR / "module").glob("*.yaml"))
+
+
+def user_module(conf_dir: Path, inputs: str) -> Path:
+    """A user's own module config `mine` in `conf_dir`, as `--config-dir` expects."""
+    (conf_dir / "module").mkdir(exist_ok=True)
+    (conf_dir / "module" / "mine.yaml").write_text(
+        f"name: mine\nmodel: {{_target_: torch.nn.Identity}}\ninputs: {inputs}\n"
+    )
+    return conf_dir
+
+
+def spec_of(*overrides: str, cwd: Path | None = None):
+    return resolve_spec(compose(["+module=mlp", *overrides]), cwd)
+
+
+def config_error(*overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        spec_of(*overrides)
+    return info.value
+
+
+def test_shipped_modules_are_the_documented_ones() -> None:
+    assert {"mlp", "gpt2_tiny", "bert_tiny"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize("weights", ["baked", "external"])
+def test_every_shipped_config_composes_and_validates(name: str, target: str, weights: str) -> None:
+    spec = resolve_spec(compose([f"+module={name}", f"target={target}", f"weights={weights}"]))
+    assert spec.name == name
+    assert spec.weights is WeightsMode(weights)
+    assert spec.inputs and all(all(n > 0 for n in i.shape) for i in spec.inputs)
+    assert spec.output_dir.parts[-2:] == (name, f"{target}-{weights}-default")
+
+
+def test_mlp_spec_resolves_types_and_dynamic_dims() -> None:
+    spec = spec_of()
+    (x,) = spec.inputs
+    assert (x.name, x.shape, x.dtype) == ("x", (4, 16), "float32")
+    assert x.dynamic[0].name == "batch" and (x.dynamic[0].min, x.dynamic[0].max) == (1, 64)
+    assert spec.target == "flashrt_build.examples.MLP"
+    assert (spec.device, spec.dtype) == ("cpu", "float32")
+
+
+def test_bert_shares_one_sequence_dim() -> None:
+    spec = resolve_spec(compose(["+module=bert_tiny"]))
+    assert {i.dynamic[1].name for i in spec.inputs} == {"seq"}
+    assert spec.inputs[0].low == 0 and spec.inputs[0].high == 1000
+
+
+def test_dtype_aliases_are_canonical() -> None:
+    assert spec_of("target.dtype=bf16").dtype == "bfloat16"
+
+
+def test_no_module_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"module.*\+module=NAME"):
+        resolve_spec(compose([]))
+
+
+def test_unknown_module_name_is_rejected_by_hydra_listing_the_options() -> None:
+    with pytest.raises(ConfigCompositionException, match="mlp"):
+        compose(["+module=nope"])
+
+
+def test_unknown_key_is_rejected_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException, match="colour"):
+        compose(["+module=mlp", "module.inputs.x.colour=red"])
+
+
+def test_unknown_key_in_a_user_module_file_is_rejected(tmp_path: Path) -> None:
+    user_module(tmp_path, "{x: {shape: [2], colour: red}}")
+    with pytest.raises(
+        ConfigCompositionException, match=r"Key 'colour' not in 'InputConfig'(.|\n)*module.inputs.x.colour"
+    ):
+        compose(["+module=mine"], config_dir=tmp_path)
+
+
+def test_user_config_dir_adds_modules(tmp_path: Path) -> None:
+    user_module(tmp_path, "{x: {shape: [2, 3]}}")
+    spec = resolve_spec(compose(["+module=mine"], config_dir=tmp_path))
+    assert spec.target == "torch.nn.Identity" and spec.inputs[0].shape == (2, 3)
+
+
+def test_wrong_type_is_rejected_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose(["+module=mlp", "seed=abc"])
+    assert isinstance(info.value.__cause__, ValidationError)
+    assert "seed" in str(info.value.__cause__)
+
+
+def test_weights_mode_is_an_enum() -> None:
+    with pytest.raises(ConfigCompositionException, match="weights"):
+        compose(["+module=mlp", "weights=sideways"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "needle"),
+    [
+        (["module.inputs.x.dtype=float33"], "module.inputs.x.dtype", "dtype name"),
+        (["target.dtype=int64"], "target.dtype", "float dtype"),
+        (["module.inputs.x.shape=[0,16]"], "module.inputs.x.shape", "positive"),
+        (["module.inputs.x.shape=[-2,16]"], "module.inputs.x.shape", "positive"),
+        (["module.inputs.x.dynamic={0: {min: 8, max: 2}}"], "module.inputs.x.dynamic.0", "min <= max"),
+        (["module.inputs.x.shape=[100,16]"], "module.inputs.x.shape", "outside its dynamic range"),
+        (["module.checkpoint=/nonexistent/ckpt.safetensors"], "module.checkpoint", "no such file"),
+        (["target.device=tpu"], "target.device", "cpu"),
+        (["module.name=../escape"], "module.name", "letters"),
+        (["verify.atol=-1"], "verify.atol", ">= 0"),
+    ],
+)
+def test_bad_values_name_the_key_and_value(overrides: list[str], key: str, needle: str) -> None:
+    err = config_error(*overrides)
+    assert err.key == key
+    assert needle in str(err)
+
+
+def test_dynamic_axis_must_exist(tmp_path: Path) -> None:
+    user_module(tmp_path, "{x: {shape: [2, 3], dynamic: {5: {min: 1, max: 4}}}}")
+    with pytest.raises(ConfigError, match=r"module.inputs.x.dynamic' = 5: expected an integer axis in \[0, 2\)"):
+        resolve_spec(compose(["+module=mine"], config_dir=tmp_path))
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    err = config_error("module.inputs.x.dtype=float33", "target.device=tpu")
+    assert "2 errors" in str(err)
+    assert "module.inputs.x.dtype" in str(err) and "target.device" in str(err)
+
+
+def test_shared_dim_names_must_agree() -> None:
+    with pytest.raises(ConfigError, match="dim 'seq' must match"):
+        resolve_spec(
+            compose(["+module=bert_tiny", "module.inputs.attention_mask.dynamic={1: {name: seq, min: 2, max: 64}}"])
+        )
+
+
+def test_low_high_only_for_integer_inputs() -> None:
+    assert config_error("+module.inputs.x.low=0").key == "module.inputs.x.low"
+
+
+def test_output_dir_is_derived_from_choices_never_a_timestamp(tmp_path: Path) -> None:
+    spec = spec_of("weights=external", "inductor=max_autotune", "output_root=builds", cwd=tmp_path)
+    assert spec.output_dir == tmp_path / "builds" / "mlp" / "cpu-external-max_autotune"
+    assert (
+        spec_of("variant=target.dtype_bfloat16", cwd=tmp_path).output_dir.name
+        == "cpu-baked-default-target.dtype_bfloat16"
+    )
+
+
+def test_output_dir_override_is_exact(tmp_path: Path) -> None:
+    assert spec_of(f"output_dir={tmp_path / 'x'}").output_dir == tmp_path / "x"
+    assert spec_of("output_dir=rel/dir", cwd=tmp_path).output_dir == tmp_path / "rel" / "dir"
+
+
+def test_variants_of_one_sweep_get_distinct_dirs() -> None:
+    a = variant_of(["+module=mlp", "target.dtype=bfloat16"])
+    b = variant_of(["+module=mlp", "target.dtype=float32"])
+    assert a and b and a != b
+    assert variant_of(["+module=mlp", "target=cpu", "weights=external", "output_root=x", "verify.atol=1"]) is None
+    assert "/" not in variant_of(["module.checkpoint=/a/b.safetensors"])
+
+
+def test_inductor_options_are_flattened() -> None:
+    assert flatten_options({"cpp": {"march": "x86-64-v3"}, "max_autotune": True}) == {
+        "cpp.march": "x86-64-v3",
+        "max_autotune": True,
+    }
+    spec = spec_of("+inductor.options.cpp={march: x86-64-v3}")
+    assert spec.inductor_options == {"cpp.march": "x86-64-v3"}
