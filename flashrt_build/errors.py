@@ -23,6 +23,24 @@ class ConfigError(FlashrtError):
         super().__init__(f"config key '{key}' = {value!r}: {expected}")
 
 
+def raise_all(problems: list[ConfigError]) -> None:
+    """Raise the one problem found, or all of them together."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigErrors(problems)
+
+
+class ConfigErrors(ConfigError):
+    """Several config problems, reported together (exit code 2)."""
+
+    def __init__(self, problems: list[ConfigError]) -> None:
+        self.problems = problems
+        self.key, self.value, self.expected = problems[0].key, problems[0].value, problems[0].expected
+        lines = "\n".join(f"  - {p}" for p in problems)
+        Exception.__init__(self, f"the config has {len(problems)} errors:\n{lines}")
+
+
 class BuildError(FlashrtError):
     """A build stage failed on a valid config (exit code 1)."""
 

@@ -15,8 +15,9 @@ from .package import load_package
 class LoadedModule(torch.nn.Module):
     """A compiled package behind the `nn.Module` call interface.
 
-    Constant keyword arguments that were fixed at build time (`use_cache`) are
-    filled in; passing a different value is an error, not a silent no-op.
+    Inputs may be passed by position or by name, like the eager module;
+    constant keyword arguments fixed at build time (`use_cache`) are filled in,
+    and passing a different value is an error, not a silent no-op.
     """
 
     def __init__(self, runner: Any, manifest: dict[str, Any], output_dir: Path) -> None:
@@ -25,15 +26,34 @@ class LoadedModule(torch.nn.Module):
         self.manifest = manifest
         self.output_dir = output_dir
         self._constant_kwargs = dict(manifest["config"]["module"].get("kwargs") or {})
+        inputs = manifest["inputs"]
+        self._positional = [i["name"] for i in inputs if i["positional"]]
+        self._keyword = [i["name"] for i in inputs if not i["positional"]]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        for key, value in list(kwargs.items()):
+            if key in self._constant_kwargs:
+                if value != self._constant_kwargs[key]:
+                    raise ValueError(
+                        f"{key}={value!r} differs from the value the package was built with "
+                        f"({self._constant_kwargs[key]!r}, module.kwargs.{key})"
+                    )
+                del kwargs[key]
+        order = self._positional + self._keyword
+        if len(args) > len(order):
+            raise TypeError(f"the package takes {len(order)} inputs ({', '.join(order)}), got {len(args)} positional")
+        bound = dict(zip(order, args, strict=False))
         for key, value in kwargs.items():
-            if key in self._constant_kwargs and value != self._constant_kwargs[key]:
-                raise ValueError(
-                    f"{key}={value!r} differs from the value the package was built with "
-                    f"({self._constant_kwargs[key]!r}, module.kwargs.{key})"
-                )
-        return self._runner(*args, **{**self._constant_kwargs, **kwargs})
+            if key in bound or key not in order:
+                problem = "given twice" if key in bound else "not an input of the package"
+                raise TypeError(f"input '{key}' is {problem}; inputs: {', '.join(order)}")
+            bound[key] = value
+        missing = [name for name in order if name not in bound]
+        if missing:
+            raise TypeError(f"missing inputs: {', '.join(missing)}")
+        return self._runner(
+            *(bound[n] for n in self._positional), **{n: bound[n] for n in self._keyword}, **self._constant_kwargs
+        )
 
     def constant_fqns(self) -> list[str]:
         return list(self._runner.get_constant_fqns())

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .errors import CompileError, ConfigError, first_lines
+from .errors import CompileError, ConfigError, first_lines, raise_all
 
 # Options flashrt_build sets itself, whatever the profile says.
 FORCED_OPTIONS: dict[str, Any] = {
@@ -40,10 +40,7 @@ def validate_inductor_options(options: Mapping[str, Any]) -> dict[str, Any]:
             problems.append(
                 ConfigError(f"inductor.options.{key}", value, f"flashrt_build requires {FORCED_OPTIONS[key]!r}")
             )
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise ConfigError("inductor.options", sorted(options), "; ".join(str(p) for p in problems))
+    raise_all(problems)
     return {**options, **FORCED_OPTIONS}
 
 

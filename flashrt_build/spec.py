@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
+from .errors import ConfigError, raise_all
 from .schema import WeightsMode
 
 # torch dtype names accepted in configs, with the usual short aliases.
@@ -175,11 +175,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         problems.append(ConfigError("variant", config["variant"], "expected letters, digits, '_', '.', '-'"))
     output_dir = check(derive_output_dir, config, cwd)
 
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
-        raise ConfigError("config", f"{len(problems)} errors", f"fix the following:\n{lines}")
+    raise_all(problems)
 
     return BuildSpec(
         name=name,

@@ -140,7 +140,7 @@ def test_dynamic_axis_must_exist(tmp_path: Path) -> None:
 
 def test_all_problems_are_reported_at_once() -> None:
     err = config_error("module.inputs.x.dtype=float33", "target.device=tpu")
-    assert "2 errors" in str(err)
+    assert "the config has 2 errors" in str(err) and len(err.problems) == 2
     assert "module.inputs.x.dtype" in str(err) and "target.device" in str(err)
 
 
