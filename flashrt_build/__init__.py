@@ -6,7 +6,7 @@ model = flashrt_build.load(result.output_dir)
 
 __version__ = "0.1.0"
 
-from .build import BuildResult, build  # noqa: E402
+from .checkpoint import check_checkpoint  # noqa: E402
 from .config import compose  # noqa: E402
 from .errors import (  # noqa: E402
     ArtifactError,
@@ -17,9 +17,11 @@ from .errors import (  # noqa: E402
     FlashrtError,
     InstantiateError,
     VerifyError,
+    WeightsMismatch,
 )
 from .export import is_exporting  # noqa: E402
 from .load import LoadedModule, load  # noqa: E402
+from .pipeline import BuildResult, build  # noqa: E402
 
 __all__ = [
     "ArtifactError",
@@ -32,8 +34,10 @@ __all__ = [
     "InstantiateError",
     "LoadedModule",
     "VerifyError",
+    "WeightsMismatch",
     "__version__",
     "build",
+    "check_checkpoint",
     "compose",
     "is_exporting",
     "load",

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -36,14 +37,16 @@ def variant_of(overrides: list[str]) -> str | None:
         key, _, value = override.lstrip("+~").partition("=")
         if key in _NAMING_KEYS or key.split(".")[0] in ("verify", "hydra"):
             continue
+        if key == "module.checkpoint":  # the file's stem says which checkpoint, not its path
+            key, value = "ckpt", Path(value).stem
         parts.append(re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{key}={value}"))
     return ",".join(parts).replace("=", "_").replace(",", "-") or None
 
 
 def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
-    from .build import build  # torch is imported here, after Hydra parsed the command line
     from .errors import FlashrtError
+    from .pipeline import build  # torch is imported here, after Hydra parsed the command line
 
     if cfg.get("variant") is None and HydraConfig.initialized():
         with open_dict(cfg):

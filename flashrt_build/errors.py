@@ -61,6 +61,15 @@ class VerifyError(BuildError):
     """The package disagrees with the eager module."""
 
 
+class WeightsMismatch(FlashrtError):
+    """Weights given to a package differ from what it binds (names, shapes, dtypes, devices)."""
+
+    def __init__(self, problems: dict[str, list[str]], source: str) -> None:
+        self.problems = problems
+        listed = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in problems.items())
+        super().__init__(f"weights from {source} do not fit the package: {listed}")
+
+
 class ArtifactError(FlashrtError):
     """A built artifact is missing, incomplete or altered since its build."""
 

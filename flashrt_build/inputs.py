@@ -26,11 +26,11 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def make_tensor(spec: InputSpec, shape: Sequence[int], generator: torch.Generator, float_dtype: str) -> torch.Tensor:
-    """One example tensor. Float inputs follow the target dtype, drawn on CPU so
-    every device sees the same values for the same seed."""
+def make_tensor(spec: InputSpec, shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
+    """One example tensor, drawn on CPU so every device sees the same values
+    for the same seed."""
     if spec.dtype in FLOAT_DTYPES:
-        return torch.randn(*shape, generator=generator).to(torch_dtype(float_dtype))
+        return torch.randn(*shape, generator=generator).to(torch_dtype(spec.dtype))
     if spec.dtype == "bool":
         return torch.randint(0, 2, tuple(shape), generator=generator).bool()
     low = 0 if spec.low is None else spec.low
@@ -48,7 +48,7 @@ def make_inputs(spec: BuildSpec, seed: int | None = None, sizes: Mapping[str, in
         for axis, dim in inp.dynamic.items():
             if sizes and dim.name in sizes:
                 shape[axis] = sizes[dim.name]
-        tensor = make_tensor(inp, shape, generator, spec.dtype).to(spec.device)
+        tensor = make_tensor(inp, shape, generator).to(spec.device)
         if inp.positional:
             args.append(tensor)
         else:

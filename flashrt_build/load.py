@@ -1,15 +1,24 @@
-"""Load a built package as a drop-in `torch.nn.Module`, after checking it."""
+"""Load a built package as a drop-in `torch.nn.Module`, after checking it.
+
+Weights are bound in place (`user_managed`): the package reads the caller's
+tensors, so no weight is copied on the device and a buffer the graph writes is
+the caller's buffer.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .errors import ArtifactError
-from .manifest import PACKAGE, file_sha256, read_manifest
+from .checkpoint import compare, dtype_name, read_checkpoint
+from .errors import ArtifactError, WeightsMismatch
+from .manifest import file_sha256, read_manifest
 from .package import load_package
+
+WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
 
 class LoadedModule(torch.nn.Module):
@@ -17,18 +26,46 @@ class LoadedModule(torch.nn.Module):
 
     Inputs may be passed by position or by name, like the eager module;
     constant keyword arguments fixed at build time (`use_cache`) are filled in,
-    and passing a different value is an error, not a silent no-op.
+    and passing a different value is an error, not a silent no-op. Attributes
+    the package lacks are looked up on the host module, when one was given.
     """
 
-    def __init__(self, runner: Any, manifest: dict[str, Any], output_dir: Path) -> None:
+    def __init__(
+        self,
+        runner: Any,
+        manifest: dict[str, Any],
+        output_dir: Path,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        host: torch.nn.Module | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         super().__init__()
         self._runner = runner
         self.manifest = manifest
         self.output_dir = output_dir
+        # Plain attributes, not registered: the host stays the caller's module
+        # and the bound tensors stay alive as long as the package does.
+        object.__setattr__(self, "_host", host)
+        object.__setattr__(self, "bound_weights", dict(weights or {}))
         self._constant_kwargs = dict(manifest["config"]["module"].get("kwargs") or {})
+        self._device = torch.device(device if device is not None else manifest["target"]["device"])
         inputs = manifest["inputs"]
         self._positional = [i["name"] for i in inputs if i["positional"]]
         self._keyword = [i["name"] for i in inputs if not i["positional"]]
+
+    @property
+    def host(self) -> torch.nn.Module | None:
+        """The eager module this package stands in for, if one was given."""
+        return self.__dict__["_host"]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            host = self.__dict__.get("_host")
+            if host is None:
+                raise
+            return getattr(host, name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         for key, value in list(kwargs.items()):
@@ -51,6 +88,7 @@ class LoadedModule(torch.nn.Module):
         missing = [name for name in order if name not in bound]
         if missing:
             raise TypeError(f"missing inputs: {', '.join(missing)}")
+        check_inputs(self.manifest["inputs"], bound, self._device)
         return self._runner(
             *(bound[n] for n in self._positional), **{n: bound[n] for n in self._keyword}, **self._constant_kwargs
         )
@@ -59,31 +97,128 @@ class LoadedModule(torch.nn.Module):
         return list(self._runner.get_constant_fqns())
 
 
-def check_package(output_dir: Path, manifest: dict[str, Any]) -> Path:
-    """The package path, once its sha256 matches the manifest."""
-    path = output_dir / manifest["package"]["file"]
+def check_inputs(specs: list[dict[str, Any]], inputs: Mapping[str, Any], device: torch.device) -> None:
+    """Refuse inputs the package was not built for: a compiled package runs a
+    wrong shape silently, reading out of bounds."""
+    seen: dict[str, tuple[int, str]] = {}
+    for spec in specs:
+        name, value = spec["name"], inputs[spec["name"]]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"input '{name}' must be a tensor, got {type(value).__name__}")
+        if dtype_name(value.dtype) != spec["dtype"]:
+            raise TypeError(f"input '{name}' has dtype {dtype_name(value.dtype)}; the package takes {spec['dtype']}")
+        if value.device.type != device.type:
+            raise TypeError(f"input '{name}' is on {value.device}; the package runs on {device}")
+        shape, dynamic = spec["shape"], spec["dynamic"]
+        if value.dim() != len(shape):
+            raise ValueError(
+                f"input '{name}' has {value.dim()} dims {list(value.shape)}; expected {len(shape)} like {shape}"
+            )
+        for axis, size in enumerate(value.shape):
+            dim = dynamic.get(str(axis))
+            if dim is None:
+                if size != shape[axis]:
+                    raise ValueError(
+                        f"input '{name}' has size {size} on axis {axis}; the package was built for {shape[axis]} "
+                        f"(the axis is static; make it dynamic in module.inputs.{name}.dynamic)"
+                    )
+                continue
+            if not dim["min"] <= size <= dim["max"]:
+                raise ValueError(
+                    f"input '{name}' has size {size} on axis {axis} ('{dim['name']}'); "
+                    f"the package accepts {dim['min']} to {dim['max']}"
+                )
+            first = seen.setdefault(dim["name"], (size, name))
+            if first[0] != size:
+                raise ValueError(
+                    f"inputs '{first[1]}' and '{name}' share dim '{dim['name']}' but have sizes {first[0]} and {size}"
+                )
+
+
+def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
+    """The path of a file the manifest lists, once its sha256 matches."""
+    path = output_dir / section["file"]
     if not path.is_file():
         raise ArtifactError(f"{path} is missing")
     digest = file_sha256(path)
-    if digest != manifest["package"]["sha256"]:
+    if digest != section["sha256"]:
         raise ArtifactError(
-            f"{path} was altered after its build: sha256 {digest} differs from the manifest's "
-            f"{manifest['package']['sha256']}; refusing to load it"
+            f"{path} ({what}) was altered after its build: sha256 {digest} differs from the manifest's "
+            f"{section['sha256']}; refusing to load it"
         )
     return path
 
 
-def load(output_dir: str | Path, weights: Any = None, device: str | torch.device | None = None) -> LoadedModule:
-    """Load the package in `output_dir` after checking it against its manifest."""
+def open_package(
+    output_dir: Path,
+    manifest: dict[str, Any],
+    weights: WeightsArg = None,
+    device: str | torch.device | None = None,
+    host: torch.nn.Module | None = None,
+) -> LoadedModule:
+    """Load a package whose manifest is already read (build uses it before publishing)."""
+    package = check_file(output_dir, manifest["package"], "the package")
+    device = torch.device(device if device is not None else manifest["target"]["device"])
+    external = manifest["weights"]["mode"] == "external"
+    sidecar = check_file(output_dir, manifest["weights"], "the weights") if external else None
+
+    entries = manifest["weights"]["tensors"]
+    source, tensors = _weights_source(weights, host, sidecar, device)
+    bound: dict[str, torch.Tensor] = {}
+    if tensors is not None:
+        table = {name: (list(t.shape), dtype_name(t.dtype)) for name, t in tensors.items()}
+        devices = {name: t.device for name, t in tensors.items()}
+        chosen, problems = compare(entries, table, device, devices)
+        if problems:
+            raise WeightsMismatch(problems, source)
+        bound = {fqn: tensors[name] for fqn, name in chosen.items()}
+        if external and len(bound) < len(entries):
+            # constants of the forward's code, non-persistent buffers: the build's values
+            defaults = read_checkpoint(sidecar, device)
+            bound.update({e["fqn"]: defaults[e["fqn"]] for e in entries if e["fqn"] not in bound})
+
+    runner = load_package(package, device.index if device.type == "cuda" and device.index is not None else -1)
+    if bound:
+        runner.load_constants(bound, check_full_update=external, user_managed=True)
+    return LoadedModule(runner, manifest, output_dir, bound, host, device)
+
+
+def _weights_source(
+    weights: WeightsArg, host: torch.nn.Module | None, sidecar: Path | None, device: torch.device
+) -> tuple[str, Mapping[str, torch.Tensor] | None]:
+    """(description, name -> tensor) of the weights to bind; None keeps the baked ones."""
+    if weights is not None and not isinstance(weights, (str, Path, Mapping)):
+        raise TypeError(f"weights must be a path, a mapping of names to tensors or None, not {type(weights).__name__}")
+    if isinstance(weights, (str, Path)):
+        if not Path(weights).is_file():
+            raise ArtifactError(f"weights file {weights} does not exist")
+        return str(weights), read_checkpoint(Path(weights), device)
+    if isinstance(weights, Mapping):
+        return "the given mapping", weights
+    if host is not None:
+        named = dict(host.named_parameters(remove_duplicate=False))
+        named.update(host.named_buffers(remove_duplicate=False))
+        return f"host module {type(host).__name__}", {k: v.detach() for k, v in named.items()}
+    if sidecar is not None:
+        return str(sidecar), read_checkpoint(sidecar, device)
+    return "the package", None
+
+
+def load(
+    output_dir: str | Path,
+    weights: WeightsArg = None,
+    device: str | torch.device | None = None,
+    host: torch.nn.Module | None = None,
+) -> LoadedModule:
+    """Load the package in `output_dir` as a `torch.nn.Module`.
+
+    Checks the package's (and sidecar's) sha256 against the manifest before any
+    of its code is loaded. `weights`: None binds the sidecar of an external
+    build (or keeps baked weights); a path to a checkpoint, or a mapping such as
+    a `state_dict`, is checked by name, shape, dtype and device against the
+    manifest and bound in place. `host`: the eager module the package stands in
+    for; its attributes stay reachable, and with `weights=None` its own
+    parameters and buffers are bound. `device`: defaults to the build's target.
+    """
     output_dir = Path(output_dir)
-    manifest = read_manifest(output_dir)
-    if weights is not None or manifest["weights"]["mode"] != "baked":
-        raise ArtifactError("only baked-weights packages can be loaded by this version")
-    path = check_package(output_dir, manifest)
-    device_index = -1
-    if device is not None and torch.device(device).type == "cuda":
-        device_index = torch.device(device).index or 0
-    return LoadedModule(load_package(path, device_index), manifest, output_dir)
-
-
-__all__ = ["PACKAGE", "LoadedModule", "load"]
+    return open_package(output_dir, read_manifest(output_dir), weights, device, host)

@@ -10,6 +10,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
+from .checkpoint import read_checkpoint
 from .errors import ConfigError, InstantiateError, first_lines
 from .inputs import torch_dtype
 from .spec import BuildSpec
@@ -45,23 +46,6 @@ def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     module.eval()
     module.to(device=spec.device, dtype=torch_dtype(spec.dtype))
     return module
-
-
-def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
-    """A state dict from a safetensors file or a torch file, never unpickling code."""
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ConfigError("module.checkpoint", str(path), f"not a readable state dict ({first_lines(exc)})") from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]  # the Lightning layout
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError("module.checkpoint", str(path), "expected a mapping of names to tensors")
-    return state
 
 
 def load_checkpoint(module: torch.nn.Module, path: Path) -> None:

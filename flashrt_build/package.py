@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .errors import CompileError, ConfigError, first_lines, raise_all
+from .schema import WeightsMode
 
 # Options flashrt_build sets itself, whatever the profile says.
 FORCED_OPTIONS: dict[str, Any] = {
@@ -19,8 +20,15 @@ FORCED_OPTIONS: dict[str, Any] = {
 }
 
 
-def validate_inductor_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Check option names and value types against torch's Inductor config."""
+def mode_options(weights: WeightsMode) -> dict[str, Any]:
+    """Options the weights mode sets: external packages carry no constants."""
+    return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
+
+
+def validate_inductor_options(options: Mapping[str, Any], weights: WeightsMode = WeightsMode.baked) -> dict[str, Any]:
+    """Check option names and value types against torch's Inductor config and
+    add the options flashrt_build sets itself."""
+    forced = {**FORCED_OPTIONS, **mode_options(weights)}
     known = torch._inductor.config.get_config_copy()
     problems = []
     for key, value in options.items():
@@ -36,12 +44,10 @@ def validate_inductor_options(options: Mapping[str, Any]) -> dict[str, Any]:
         default = known[key]
         if isinstance(default, bool) and not isinstance(value, bool):
             problems.append(ConfigError(f"inductor.options.{key}", value, "expected true or false"))
-        elif key in FORCED_OPTIONS and value != FORCED_OPTIONS[key]:
-            problems.append(
-                ConfigError(f"inductor.options.{key}", value, f"flashrt_build requires {FORCED_OPTIONS[key]!r}")
-            )
+        elif key in forced and value != forced[key]:
+            problems.append(ConfigError(f"inductor.options.{key}", value, f"flashrt_build sets {forced[key]!r} here"))
     raise_all(problems)
-    return {**options, **FORCED_OPTIONS}
+    return {**options, **forced}
 
 
 def compile_package(

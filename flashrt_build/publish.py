@@ -36,6 +36,7 @@ def staging_dir(output_dir: Path) -> Iterator[Path]:
 
 def publish(staging: Path, output_dir: Path) -> None:
     """Replace `output_dir` with `staging`; the old one survives until the swap."""
+    _make_readable(staging)
     retired = None
     if output_dir.exists():
         retired = Path(tempfile.mkdtemp(prefix=f"{RETIRED_PREFIX}{output_dir.name}-", dir=output_dir.parent))
@@ -43,3 +44,14 @@ def publish(staging: Path, output_dir: Path) -> None:
     os.rename(staging, output_dir)
     if retired is not None:
         shutil.rmtree(retired, ignore_errors=True)
+
+
+def _make_readable(directory: Path) -> None:
+    """mkdtemp and some writers create owner-only modes; artifacts get the
+    modes the umask gives ordinary files and directories."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ class BuildSpec:
     dtype: str
     inductor_options: Mapping[str, Any]
     weights: WeightsMode
+    output_root: Path
     output_dir: Path
     seed: int
     verify: bool
@@ -176,6 +177,8 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     output_dir = check(derive_output_dir, config, cwd)
 
     raise_all(problems)
+    # Float inputs follow the target dtype, so the manifest says what the package takes.
+    inputs = tuple(replace(i, dtype=dtype) if i.dtype in FLOAT_DTYPES else i for i in inputs)
 
     return BuildSpec(
         name=name,
@@ -188,6 +191,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         dtype=dtype,
         inductor_options=flatten_options(config["inductor"]["options"] or {}),
         weights=WeightsMode(config["weights"]),
+        output_root=(cwd / config["output_root"]).resolve(),
         output_dir=output_dir,
         seed=int(config["seed"]),
         verify=bool(verify["enabled"]),

@@ -11,6 +11,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ class WeightTensor:
     kind: str  # parameter | buffer | constant
     tensor: torch.Tensor
     source: str  # the name in the exported program
+    persistent: bool = True  # false for buffers left out of state_dict()
     aliases: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -36,6 +38,8 @@ class WeightTensor:
         }
         if self.source != self.fqn:
             entry["source"] = self.source
+        if not self.persistent:
+            entry["persistent"] = False
         if self.aliases:
             entry["aliases"] = self.aliases
         return entry
@@ -98,6 +102,10 @@ def match_package_tensors(
         if fqn not in matched and m and int(m.group(1)) < len(lifted):
             source = lifted[int(m.group(1))]
             matched[fqn] = WeightTensor(fqn, "constant", by_name[source][1], source=source)
+    for name in program.graph_signature.non_persistent_buffers:
+        for w in matched.values():
+            if w.source == name:
+                w.persistent = False
     unknown = [fqn for fqn in package_fqns if fqn not in matched]
     if unknown:
         raise CompileError(f"the package of {target} binds tensors the exported program lacks: {unknown}")
@@ -126,3 +134,11 @@ def match_package_tensors(
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+
+
+def write_sidecar(path: Path, tensors: list[WeightTensor]) -> Path:
+    """The tensors the package binds, keyed by FQN, in one safetensors file."""
+    from safetensors.torch import save_file
+
+    save_file({t.fqn: t.tensor.detach().to("cpu").contiguous() for t in tensors}, str(path))
+    return path

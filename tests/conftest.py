@@ -39,7 +39,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def build_config(*overrides: str, output_dir: Path) -> flashrt_build.BuildResult:
-    return flashrt_build.build(compose([*overrides, f"output_dir={output_dir}"]))
+    """A real build; the output root (and its package store) is the output dir's parent."""
+    return flashrt_build.build(compose([*overrides, f"output_dir={output_dir}", f"output_root={output_dir.parent}"]))
 
 
 @pytest.fixture(scope="session")
@@ -74,3 +75,13 @@ def gpt2_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildR
 @pytest.fixture(scope="session")
 def bert_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
     return build_config("+module=bert_tiny", output_dir=tmp_path_factory.mktemp("bert") / "out")
+
+
+@pytest.fixture(scope="session")
+def mlp_external_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    return build_config("+module=mlp", "weights=external", output_dir=tmp_path_factory.mktemp("mlp_ext") / "out")
+
+
+@pytest.fixture(scope="session")
+def gpt2_external_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    return build_config("+module=gpt2_tiny", "weights=external", output_dir=tmp_path_factory.mktemp("gpt2_ext") / "out")

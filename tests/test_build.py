@@ -74,6 +74,7 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
         "file": "model.pt2",
         "sha256": file_sha256(mlp_build.package),
         "bytes": mlp_build.package.stat().st_size,
+        "reused": False,
     }
     assert m["weights"]["mode"] == "baked" and m["weights"]["file"] is None and m["weights"]["sha256"] is None
     assert m["inputs"] == [
@@ -90,7 +91,7 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
     assert m["inductor"]["options"]["always_keep_tensor_constants"] is True
     assert m["release"] is False
     assert m["config"]["module"]["name"] == "mlp" and len(m["config_sha256"]) == 64
-    assert len(m["build_key"]) == 64
+    assert len(m["build_key"]) == 64 and len(m["graph_key"]) == 64 and m["build_key"] != m["graph_key"]
     tc = m["toolchain"]
     assert tc["torch"] == torch.__version__ and tc["cxx"]["path"] and tc["cxx"]["version"] != "unknown"
     assert {"python", "cuda", "gpu", "cpu_isa", "platform"} <= set(tc)
@@ -106,7 +107,7 @@ def test_load_refuses_a_package_altered_after_the_build(mlp_build: flashrt_build
     data = bytearray((copy / "model.pt2").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (copy / "model.pt2").write_bytes(bytes(data))
-    with pytest.raises(flashrt_build.ArtifactError, match="model.pt2 was altered after its build"):
+    with pytest.raises(flashrt_build.ArtifactError, match=r"model.pt2 \(the package\) was altered after its build"):
         flashrt_build.load(copy)
 
 
@@ -165,3 +166,24 @@ def test_bert_tiny_matches_eager(bert_build: flashrt_build.BuildResult) -> None:
     kinds = {t["fqn"]: t["kind"] for t in bert_build.manifest["weights"]["tensors"]}
     assert kinds["embeddings.position_ids"] == "buffer"  # non-persistent buffers are bound too
     assert len(bert_build.manifest["verification"]["outputs"]) == 2
+
+
+def test_loaded_module_refuses_inputs_it_was_not_built_for(gpt2_build: flashrt_build.BuildResult) -> None:
+    model = flashrt_build.load(gpt2_build.output_dir)
+    with pytest.raises(ValueError, match=r"size 1 on axis 0; the package was built for 2 \(the axis is static"):
+        model(input_ids=torch.zeros(1, 8, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"size 129 on axis 1 \('seq'\); the package accepts 2 to 128"):
+        model(input_ids=torch.zeros(2, 129, dtype=torch.int64))
+    with pytest.raises(TypeError, match="dtype int32; the package takes int64"):
+        model(input_ids=torch.zeros(2, 8, dtype=torch.int32))
+    with pytest.raises(TypeError, match="missing inputs: input_ids"):
+        model()
+    with pytest.raises(TypeError, match="'labels' is not an input of the package"):
+        model(input_ids=torch.zeros(2, 8, dtype=torch.int64), labels=torch.zeros(2, 8, dtype=torch.int64))
+
+
+def test_shared_dims_must_agree_at_run_time(bert_build: flashrt_build.BuildResult) -> None:
+    model = flashrt_build.load(bert_build.output_dir)
+    ids = torch.zeros(2, 8, dtype=torch.int64)
+    with pytest.raises(ValueError, match="share dim 'seq' but have sizes 8 and 9"):
+        model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=torch.int64))

@@ -174,7 +174,7 @@ def test_variants_of_one_sweep_get_distinct_dirs() -> None:
     b = variant_of(["+module=mlp", "target.dtype=float32"])
     assert a and b and a != b
     assert variant_of(["+module=mlp", "target=cpu", "weights=external", "output_root=x", "verify.atol=1"]) is None
-    assert "/" not in variant_of(["module.checkpoint=/a/b.safetensors"])
+    assert variant_of(["module.checkpoint=/a/b.safetensors"]) == "ckpt_b"
 
 
 def test_inductor_options_are_flattened() -> None:

@@ -10,10 +10,11 @@ import torch
 from safetensors.torch import save_file
 from transformers.modeling_outputs import BaseModelOutput
 
+from flashrt_build.checkpoint import read_checkpoint
 from flashrt_build.config import compose
 from flashrt_build.errors import ConfigError, VerifyError
 from flashrt_build.inputs import dynamic_shapes, make_inputs, probe_sizes
-from flashrt_build.module import instantiate_module, load_checkpoint, read_checkpoint
+from flashrt_build.module import instantiate_module, load_checkpoint
 from flashrt_build.package import FORCED_OPTIONS, validate_inductor_options
 from flashrt_build.spec import resolve_spec
 from flashrt_build.verify import compare_outputs, tolerances

@@ -19,16 +19,27 @@ from . import __version__
 from .errors import ConfigError
 from .export import export_module
 from .inputs import dynamic_shapes, make_inputs, probe_sizes
-from .manifest import MANIFEST, PACKAGE, SCHEMA, canonical_json, config_sha256, file_sha256, write_manifest
+from .load import open_package
+from .manifest import (
+    MANIFEST,
+    PACKAGE,
+    SCHEMA,
+    SIDECAR,
+    canonical_json,
+    config_sha256,
+    file_sha256,
+    write_manifest,
+)
 from .module import import_target, instantiate_module
 from .package import compile_package, load_package, validate_inductor_options
 from .progress import StageTimer
 from .publish import publish, staging_dir
-from .schema import BuildConfig
+from .schema import BuildConfig, WeightsMode
 from .spec import BuildSpec, resolve_spec
+from .store import PackageStore, link_or_copy
 from .toolchain import describe_toolchain
 from .verify import verify_package
-from .weights import match_package_tensors
+from .weights import match_package_tensors, write_sidecar
 
 log = logging.getLogger("flashrt_build")
 
@@ -64,7 +75,7 @@ def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictCo
 def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = None) -> BuildResult:
     """Build one package from a config and publish it to its output directory."""
     spec = resolve_spec(as_build_config(cfg), cwd)
-    options = validate_inductor_options(spec.inductor_options)
+    options = validate_inductor_options(spec.inductor_options, spec.weights)
     _check_device(spec.device)
     timer = StageTimer(spec.name)
     log.info(
@@ -84,76 +95,100 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
         example = make_inputs(spec)
         program = export_module(module, spec, example, dynamic_shapes(spec, example))
         timer.notes["export"] = f"{len(program.graph.nodes)} graph nodes"
+    provenance = _module_provenance(spec)
+    toolchain = describe_toolchain(spec.device, options)
+    keys = build_keys(spec.config, provenance, toolchain)
 
     with staging_dir(spec.output_dir) as staging:
-        with timer.stage("compile"):
-            package_path = compile_package(program, options, staging / PACKAGE, spec.target)
+        package_path = staging / PACKAGE
+        store = PackageStore(spec.output_root)
+        previous = store.get(keys["graph_key"]) if spec.weights is WeightsMode.external else None
+        if previous is not None:
+            # Only the weights differ from a build already compiled: same package.
+            link_or_copy(previous, package_path)
+            log.info("%-11s %8s  reusing the package of graph %s", "compile", "skipped", keys["graph_key"][:12])
+        else:
+            with timer.stage("compile"):
+                compile_package(program, options, package_path, spec.target)
         with timer.stage("package"):
-            runner = load_package(package_path)
-            tensors, inlined = match_package_tensors(program, runner.get_constant_fqns(), spec.target)
-            package_bytes = package_path.stat().st_size
-            timer.notes["package"] = f"{package_bytes / 1e6:.2f} MB, {len(tensors)} tensors bound"
+            fqns = load_package(package_path).get_constant_fqns()
+            tensors, inlined = match_package_tensors(program, fqns, spec.target)
+            weights: dict[str, Any] = {"mode": spec.weights.value, "file": None, "sha256": None}
+            if spec.weights is WeightsMode.external:
+                sidecar = write_sidecar(staging / SIDECAR, tensors)
+                weights.update(file=SIDECAR, sha256=file_sha256(sidecar), bytes=sidecar.stat().st_size)
+            package = {"file": PACKAGE, "sha256": file_sha256(package_path), "bytes": package_path.stat().st_size}
+            package["reused"] = previous is not None
+            timer.notes["package"] = f"{package['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
+            if spec.weights is WeightsMode.external:
+                timer.notes["package"] += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
             if inlined:
-                timer.notes["package"] += (
-                    f", {len(inlined)} code constants inlined ({', '.join(t.source for t in inlined)})"
-                )
-        verification: dict[str, Any] = {"passed": None, "enabled": False}
+                timer.notes["package"] += f", {len(inlined)} code constants inlined"
+        manifest: dict[str, Any] = {
+            "schema": SCHEMA,
+            "name": spec.name,
+            "flashrt_build": __version__,
+            "module": provenance,
+            "package": package,
+            "weights": {
+                **weights,
+                "tensors": [t.to_json() for t in tensors],
+                # constants of the forward's code that Inductor compiled into the kernels
+                "inlined": [t.to_json() for t in inlined],
+            },
+            "inputs": [inp.to_json() for inp in spec.inputs],
+            "outputs": _output_specs(program, spec),
+            "target": {"device": spec.device, "dtype": spec.dtype},
+            "inductor": {"options": _jsonable(options)},
+            "release": spec.release,
+            "config": spec.config,
+            "config_sha256": config_sha256(spec.config),
+            **keys,
+            "toolchain": toolchain,
+            "verification": {"enabled": False, "passed": None},
+            "timings": timer.timings,
+        }
         if spec.verify:
             with timer.stage("verify"):
+                # The package as users load it: digests checked, sidecar bound.
+                loaded = open_package(staging, manifest, device=spec.device)
                 probes = [
                     (sizes, make_inputs(spec, seed=spec.seed + 1 + i, sizes=sizes))
                     for i, sizes in enumerate(probe_sizes(spec))
                 ]
-                results = verify_package(runner, module, probes, spec.atol, spec.rtol)
-                verification = _verification(results, spec)
+                results = verify_package(loaded, module, probes, spec.atol, spec.rtol)
+                manifest["verification"] = _verification(results, spec)
                 timer.notes["verify"] = f"{len(results)} probes passed"
         with timer.stage("manifest"):
-            toolchain = describe_toolchain(spec.device, options)
-            manifest = {
-                "schema": SCHEMA,
-                "name": spec.name,
-                "flashrt_build": __version__,
-                "module": _module_provenance(spec),
-                "package": {"file": PACKAGE, "sha256": file_sha256(package_path), "bytes": package_bytes},
-                "weights": {
-                    "mode": spec.weights.value,
-                    "file": None,
-                    "sha256": None,
-                    "tensors": [t.to_json() for t in tensors],
-                    # constants of the forward's code that Inductor compiled in
-                    "inlined": [t.to_json() for t in inlined],
-                },
-                "inputs": [inp.to_json() for inp in spec.inputs],
-                "outputs": _output_specs(program, spec),
-                "target": {"device": spec.device, "dtype": spec.dtype},
-                "inductor": {"options": _jsonable(options)},
-                "release": spec.release,
-                "config": spec.config,
-                "config_sha256": config_sha256(spec.config),
-                "build_key": None,
-                "toolchain": toolchain,
-                "verification": verification,
-                "timings": timer.timings,
-            }
-            manifest["build_key"] = build_key(manifest)
             write_manifest(staging, manifest)
-        manifest["timings"] = timer.timings  # the manifest stage's own time, for the caller
         publish(staging, spec.output_dir)
+    if spec.weights is WeightsMode.external:
+        store.put(keys["graph_key"], spec.output_dir / PACKAGE, package["sha256"])
     log.info("artifact: %s", spec.output_dir)
     return BuildResult(spec.output_dir, manifest, "built")
 
 
-def build_key(manifest: Mapping[str, Any]) -> str:
-    """Hash of everything that determines the package bytes."""
-    config = {k: v for k, v in manifest["config"].items() if k not in COSMETIC_KEYS}
-    toolchain = {k: v for k, v in manifest["toolchain"].items() if k not in ("executable", "platform")}
-    ingredients = {
-        "config": config,
-        "module": manifest["module"],
-        "toolchain": toolchain,
-        "flashrt_build": manifest["flashrt_build"],
+def build_keys(
+    config: Mapping[str, Any], provenance: Mapping[str, Any], toolchain: Mapping[str, Any]
+) -> dict[str, str]:
+    """`graph_key`: what determines the compiled graph (not the weight values);
+    `build_key`: what determines the artifact's bytes, weights included."""
+    graph_config = {k: v for k, v in config.items() if k not in COSMETIC_KEYS and k != "seed"}
+    graph_config["module"] = {k: v for k, v in config["module"].items() if k != "checkpoint"}
+    graph = {
+        "config": graph_config,
+        "module": {k: v for k, v in provenance.items() if k not in ("checkpoint", "seed")},
+        "toolchain": {k: v for k, v in toolchain.items() if k not in ("executable", "platform")},
+        "flashrt_build": __version__,
     }
-    return hashlib.sha256(canonical_json(ingredients).encode()).hexdigest()
+    graph_key = _sha256(graph)
+    checkpoint = provenance.get("checkpoint")
+    weights = {"checkpoint": checkpoint and checkpoint["sha256"], "seed": config["seed"]}
+    return {"graph_key": graph_key, "build_key": _sha256({"graph_key": graph_key, "weights": weights})}
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
 def _check_device(device: str) -> None:
@@ -245,4 +280,4 @@ def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["MANIFEST", "BuildResult", "build", "build_key"]
+__all__ = ["MANIFEST", "BuildResult", "build", "build_keys"]

@@ -1,0 +1,45 @@
+"""`python -m flashrt_build.check OUTPUT_DIR CHECKPOINT`: does a checkpoint fit
+a built package? Exit 0 fits, 1 does not (every difference listed), 2 usage.
+
+Reads the manifest and the checkpoint's names, shapes and dtypes only: no
+package is loaded and nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .checkpoint import check_checkpoint
+from .errors import ConfigError, FlashrtError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flashrt_build.check OUTPUT_DIR CHECKPOINT`: 0 fits, 1 does not, 2 usage."""
+    parser = argparse.ArgumentParser(
+        prog="python -m flashrt_build.check", description="Check that a checkpoint fits a built package."
+    )
+    parser.add_argument("output_dir", type=Path)
+    parser.add_argument("checkpoint", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        problems = check_checkpoint(args.output_dir, args.checkpoint)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FlashrtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not problems:
+        print(f"{args.checkpoint} fits {args.output_dir}")
+        return 0
+    print(f"{args.checkpoint} does not fit {args.output_dir}:")
+    for kind, names in problems.items():
+        for name in names:
+            print(f"  {kind}: {name}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
