@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,7 @@ def main() -> None:
                 }
             )
     lines = [
-        f"torch {torch.__version__}, {sys.platform}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores",
+        f"torch {torch.__version__}, {sys.platform}, {os.cpu_count()} cores",
         "",
         "| module | baked pkg MB | external pkg MB | sidecar MB | external/baked | full external build s (compile s) "
         "| checkpoint swap s | swap/full |",
