@@ -61,6 +61,10 @@ class VerifyError(BuildError):
     """The package disagrees with the eager module."""
 
 
+class LoaderCrash(VerifyError):
+    """The package killed or hung the process that loaded it."""
+
+
 class WeightsMismatch(FlashrtError):
     """Weights given to a package differ from what it binds (names, shapes, dtypes, devices)."""
 

@@ -69,16 +69,5 @@ def dynamic_shapes(spec: BuildSpec, example: ExampleInputs) -> ShapesCollection:
     return shapes
 
 
-def probe_sizes(spec: BuildSpec) -> list[dict[str, int]]:
-    """Dim sizes to verify at: the example, then each dim's min and max."""
-    probes: list[dict[str, int]] = [{}]
-    for inp in spec.inputs:
-        for dim in inp.dynamic.values():
-            for size in (dim.min, dim.max):
-                if {dim.name: size} not in probes:
-                    probes.append({dim.name: size})
-    return probes
-
-
 def _identifier(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

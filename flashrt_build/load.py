@@ -7,6 +7,8 @@ the caller's buffer.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import torch
 
 from .checkpoint import compare, dtype_name, read_checkpoint
 from .errors import ArtifactError, WeightsMismatch
+from .export import STATE_KWARG
 from .manifest import file_sha256, read_manifest
 from .package import load_package
 
@@ -38,6 +41,7 @@ class LoadedModule(torch.nn.Module):
         weights: Mapping[str, torch.Tensor] | None = None,
         host: torch.nn.Module | None = None,
         device: torch.device | None = None,
+        state: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self._runner = runner
@@ -47,6 +51,8 @@ class LoadedModule(torch.nn.Module):
         # and the bound tensors stay alive as long as the package does.
         object.__setattr__(self, "_host", host)
         object.__setattr__(self, "bound_weights", dict(weights or {}))
+        # Buffers the module mutates: passed in and written back on every call.
+        object.__setattr__(self, "state", dict(state or {}))
         self._constant_kwargs = dict(manifest["config"]["module"].get("kwargs") or {})
         self._device = torch.device(device if device is not None else manifest["target"]["device"])
         inputs = manifest["inputs"]
@@ -89,9 +95,14 @@ class LoadedModule(torch.nn.Module):
         if missing:
             raise TypeError(f"missing inputs: {', '.join(missing)}")
         check_inputs(self.manifest["inputs"], bound, self._device)
-        return self._runner(
-            *(bound[n] for n in self._positional), **{n: bound[n] for n in self._keyword}, **self._constant_kwargs
-        )
+        args = [bound[n] for n in self._positional]
+        kwargs = {**{n: bound[n] for n in self._keyword}, **self._constant_kwargs}
+        if not self.state:
+            return self._runner(*args, **kwargs)
+        out, new_state = self._runner(*args, **kwargs, **{STATE_KWARG: self.state})
+        for name, tensor in self.state.items():
+            tensor.copy_(new_state[name])
+        return out
 
     def constant_fqns(self) -> list[str]:
         return list(self._runner.get_constant_fqns())
@@ -166,6 +177,8 @@ def open_package(
     source, tensors = _weights_source(weights, host, sidecar, device)
     bound: dict[str, torch.Tensor] = {}
     if tensors is not None:
+        threaded = {t["fqn"] for t in (manifest.get("state") or {}).get("tensors", [])}
+        tensors = {name: t for name, t in tensors.items() if name not in threaded}  # bound as state, below
         table = {name: (list(t.shape), dtype_name(t.dtype)) for name, t in tensors.items()}
         devices = {name: t.device for name, t in tensors.items()}
         chosen, problems = compare(entries, table, device, devices)
@@ -177,10 +190,41 @@ def open_package(
             defaults = read_checkpoint(sidecar, device)
             bound.update({e["fqn"]: defaults[e["fqn"]] for e in entries if e["fqn"] not in bound})
 
+    state = _state_source(output_dir, manifest, weights if isinstance(weights, Mapping) else None, host, device)
+    _import_output_types(manifest["module"]["target"])
     runner = load_package(package, device.index if device.type == "cuda" and device.index is not None else -1)
     if bound:
         runner.load_constants(bound, check_full_update=external, user_managed=True)
-    return LoadedModule(runner, manifest, output_dir, bound, host, device)
+    return LoadedModule(runner, manifest, output_dir, bound, host, device, state)
+
+
+def _import_output_types(target: str) -> None:
+    """Import the module that defines the target: a package's output tree names
+    its types (a transformers ModelOutput), which pytree must know to rebuild it."""
+    module_path, _, name = target.rpartition(".")
+    with contextlib.suppress(Exception):
+        getattr(importlib.import_module(module_path), name)  # lazy packages load the class's module here
+
+
+def _state_source(
+    output_dir: Path,
+    manifest: dict[str, Any],
+    weights: Mapping[str, torch.Tensor] | None,
+    host: torch.nn.Module | None,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """The mutated buffers a stateful package threads: the host's own buffers
+    (so the caller sees them change), a mapping's, or the build's initial values."""
+    section = manifest.get("state")
+    if not section:
+        return {}
+    names = [t["fqn"] for t in section["tensors"]]
+    if host is not None:
+        return {name: host.get_buffer(name) for name in names}
+    if weights is not None and all(name in weights for name in names):
+        return {name: weights[name] for name in names}
+    initial = read_checkpoint(check_file(output_dir, section, "the state"), device)
+    return {name: initial[name] for name in names}
 
 
 def _weights_source(

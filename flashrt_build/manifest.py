@@ -16,6 +16,7 @@ SCHEMA = "flashrt_build.manifest/1"
 MANIFEST = "manifest.json"
 PACKAGE = "model.pt2"
 SIDECAR = "weights.safetensors"
+STATE = "state.safetensors"  # initial values of buffers a stateful module mutates
 
 
 def file_sha256(path: Path) -> str:

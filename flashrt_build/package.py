@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import re
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,18 @@ def compile_package(
             f"AOTInductor failed to compile {target} ({type(exc).__name__}): {first_lines(exc, 4)}"
         ) from exc
     return Path(path)
+
+
+def package_constant_fqns(path: Path) -> list[str]:
+    """The FQNs a package binds, read from its generated wrapper source, so the
+    build process never runs package code. The verifier cross-checks them
+    against `get_constant_fqns()` in a fresh process."""
+    with zipfile.ZipFile(path) as archive:
+        wrappers = [n for n in archive.namelist() if n.endswith(".wrapper.cpp")]
+        if len(wrappers) != 1:
+            raise CompileError(f"{path} holds {len(wrappers)} wrapper sources; expected one")
+        source = archive.read(wrappers[0]).decode()
+    return re.findall(r'constants_info_\[\d+\]\.original_fqn = "([^"]*)";', source)
 
 
 def load_package(path: Path, device_index: int = -1) -> Any:

@@ -88,7 +88,20 @@ class VerifyConfig:
     # null: the per-dtype default (see flashrt_build.verify.DEFAULT_TOLERANCES).
     atol: float | None = None
     rtol: float | None = None
+    # Calls on the example shape after the probes, so state updates are checked over time.
+    repeat: int = 3
+    # Seconds the fresh verification process may take before it counts as hung.
+    timeout: float = 600.0
+    # Time the package against eager and torch.compile in the verification process.
     bench: bool = False
+
+
+@dataclass
+class ToolchainConfig:
+    """The C++ compiler Inductor uses (its `cpp.cxx`); null: Inductor's default
+    (the CXX variable, else g++). Recorded in the manifest either way."""
+
+    cxx: str | None = None
 
 
 @dataclass
@@ -109,6 +122,7 @@ class BuildConfig:
     # Seeds the example inputs and the module's random initialisation.
     seed: int = 0
     verify: VerifyConfig = field(default_factory=VerifyConfig)
+    toolchain: ToolchainConfig = field(default_factory=ToolchainConfig)
     release: bool = False
 
 

@@ -7,6 +7,7 @@ heavy work starts, and all of them at once.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -92,6 +93,9 @@ class BuildSpec:
     verify: bool
     atol: float | None
     rtol: float | None
+    repeat: int
+    verify_timeout: float
+    bench: bool
     release: bool
     config: Mapping[str, Any]  # the resolved config, JSON-ready
 
@@ -174,6 +178,16 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
 
     if config.get("variant") is not None and not _NAME.match(str(config["variant"])):
         problems.append(ConfigError("variant", config["variant"], "expected letters, digits, '_', '.', '-'"))
+    if verify["repeat"] < 0:
+        problems.append(ConfigError("verify.repeat", verify["repeat"], "expected a count >= 0"))
+    if not verify["timeout"] > 0:
+        problems.append(ConfigError("verify.timeout", verify["timeout"], "expected seconds > 0"))
+    cxx = config["toolchain"]["cxx"]
+    if cxx is not None and shutil.which(cxx) is None:
+        problems.append(ConfigError("toolchain.cxx", cxx, "no such compiler on PATH"))
+    options = flatten_options(config["inductor"]["options"] or {})
+    if cxx is not None:
+        options["cpp.cxx"] = cxx
     output_dir = check(derive_output_dir, config, cwd)
 
     raise_all(problems)
@@ -189,7 +203,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         checkpoint=checkpoint_path,
         device=device,
         dtype=dtype,
-        inductor_options=flatten_options(config["inductor"]["options"] or {}),
+        inductor_options=options,
         weights=WeightsMode(config["weights"]),
         output_root=(cwd / config["output_root"]).resolve(),
         output_dir=output_dir,
@@ -197,6 +211,9 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         verify=bool(verify["enabled"]),
         atol=verify["atol"],
         rtol=verify["rtol"],
+        repeat=int(verify["repeat"]),
+        verify_timeout=float(verify["timeout"]),
+        bench=bool(verify["bench"]),
         release=bool(config["release"]),
         config=config,
     )

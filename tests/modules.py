@@ -51,3 +51,32 @@ class CountsCalls(nn.Module):
         if not flashrt_build.is_exporting():
             self.calls += 1
         return self.fc(x)
+
+
+class Stateful(nn.Module):
+    """Updates a step counter and a running mean on every call, as a BatchNorm
+    or a decoder cache would: a package must track them call after call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(1))
+        self.register_buffer("running_mean", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        self.running_mean.mul_(0.9).add_(x.mean(0), alpha=0.1)
+        return self.fc(x) * self.steps + self.running_mean
+
+
+class DiffersWhenExported(nn.Module):
+    """Compiles a different function than it runs eagerly: verification must catch it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import flashrt_build
+
+        return self.fc(x) + (0.5 if flashrt_build.is_exporting() else 0.0)

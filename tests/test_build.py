@@ -96,7 +96,12 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
     assert tc["torch"] == torch.__version__ and tc["cxx"]["path"] and tc["cxx"]["version"] != "unknown"
     assert {"python", "cuda", "gpu", "cpu_isa", "platform"} <= set(tc)
     v = m["verification"]
-    assert v["passed"] is True and [p["sizes"] for p in v["probes"]] == [{}, {"batch": 1}, {"batch": 64}]
+    assert v["passed"] is True and [p["sizes"] for p in v["probes"]][:4] == [
+        {},
+        {"batch": 1},
+        {"batch": 33},
+        {"batch": 64},
+    ]
     assert all(o["max_abs_err"] <= o["atol"] or o["rel_err"] <= o["rtol"] for o in v["outputs"])
     assert {"instantiate", "export", "compile", "package", "verify", "manifest"} <= set(m["timings"])
 

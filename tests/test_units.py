@@ -13,11 +13,11 @@ from transformers.modeling_outputs import BaseModelOutput
 from flashrt_build.checkpoint import read_checkpoint
 from flashrt_build.config import compose
 from flashrt_build.errors import ConfigError, VerifyError
-from flashrt_build.inputs import dynamic_shapes, make_inputs, probe_sizes
+from flashrt_build.inputs import dynamic_shapes, make_inputs
 from flashrt_build.module import instantiate_module, load_checkpoint
 from flashrt_build.package import FORCED_OPTIONS, validate_inductor_options
 from flashrt_build.spec import resolve_spec
-from flashrt_build.verify import compare_outputs, tolerances
+from flashrt_build.verify import compare_outputs, plan_calls, tolerances
 from flashrt_build.weights import tensor_sha256
 
 
@@ -70,9 +70,15 @@ def test_dynamic_shapes_share_one_dim_object_per_name() -> None:
     assert (ids[1].min, ids[1].max) == (2, 128)
 
 
-def test_probe_sizes_cover_example_min_and_max() -> None:
-    assert probe_sizes(spec_of("+module=mlp")) == [{}, {"batch": 1}, {"batch": 64}]
-    assert probe_sizes(spec_of("+module=bert_tiny")) == [{}, {"seq": 2}, {"seq": 128}]
+def test_verification_calls_cover_example_min_odd_mid_max_and_a_repeat_chain() -> None:
+    calls = plan_calls(spec_of("+module=mlp"), repeat=3)
+    assert [c.sizes for c in calls] == [{}, {"batch": 1}, {"batch": 33}, {"batch": 64}, {}, {}, {}]
+    assert [c.label for c in calls][-3:] == ["repeat 1", "repeat 2", "repeat 3"]
+    assert [c.inputs["x"].shape[0] for c in calls] == [4, 1, 33, 64, 4, 4, 4]
+    assert not torch.equal(calls[4].inputs["x"], calls[5].inputs["x"])  # fresh inputs at every step
+    bert = plan_calls(spec_of("+module=bert_tiny"), repeat=0)
+    assert [c.sizes for c in bert] == [{}, {"seq": 2}, {"seq": 65}, {"seq": 128}]
+    assert bert[2].inputs["attention_mask"].shape == (2, 65)
 
 
 # inductor options -------------------------------------------------------------

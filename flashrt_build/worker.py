@@ -1,0 +1,41 @@
+"""The fresh process that loads and runs a package for verification.
+
+    python -m flashrt_build.worker STAGING_DIR WORK_DIR
+
+Reads WORK_DIR/manifest.json (the draft manifest) and WORK_DIR/calls.pt, loads
+the package exactly as `flashrt_build.load` does, runs the calls in order and
+writes WORK_DIR/result.pt. A crash here is reported by the build, not suffered.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+
+from .load import open_package
+
+
+def main(staging: Path, work: Path) -> None:
+    manifest = json.loads((work / "manifest.json").read_text())
+    calls = torch.load(work / "calls.pt", weights_only=False)
+    model = open_package(staging, manifest)
+    outputs = []
+    with torch.no_grad():
+        for call in calls:
+            leaves, spec = pytree.tree_flatten(model(**call["inputs"]))
+            cpu = [leaf.detach().cpu().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            outputs.append({"leaves": cpu, "spec": str(spec)})
+    result = {
+        "fqns": model.constant_fqns(),
+        "outputs": outputs,
+        "state": {name: t.detach().cpu().clone() for name, t in model.state.items()},
+    }
+    torch.save(result, work / "result.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
