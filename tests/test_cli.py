@@ -51,6 +51,7 @@ def user_conf(tmp_path: Path, name: str, body: str) -> Path:
         (["+module=mlp", "+inductor.options.max_autotun=true"], ["inductor.options.max_autotun", "max_autotune"]),
         (["+module=mlp", "module.model._target_=nope.Missing"], ["module.model._target_", "nope.Missing", "imported"]),
         (["+module=mlp", "module.checkpoint=missing.safetensors"], ["module.checkpoint", "no such file"]),
+        (["+module=mlp", "toolchain.cxx=no-such-g++"], ["toolchain.cxx", "no-such-g++", "no such compiler"]),
     ],
     ids=[
         "no-module",
@@ -61,6 +62,7 @@ def user_conf(tmp_path: Path, name: str, body: str) -> Path:
         "bad-option",
         "bad-target",
         "no-ckpt",
+        "no-cxx",
     ],
 )
 def test_config_errors_exit_2_with_one_clear_message(tmp_path: Path, args: list[str], needles: list[str]) -> None:
