@@ -161,6 +161,9 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
                 record = verify(spec, module, staging, manifest, exported.state, spec.repeat, spec.verify_timeout)
                 manifest["verification"] = record
                 timer.notes["verify"] = f"{len(record['probes'])} calls in a fresh process passed"
+                if "bench" in record:
+                    ms = record["bench"]["ms"]
+                    timer.notes["verify"] += "; median ms " + ", ".join(f"{k} {v['median']:.3f}" for k, v in ms.items())
         else:
             log.warning("verification is off (verify.enabled=false): the package is recorded as unverified")
         with timer.stage("manifest"):

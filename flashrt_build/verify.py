@@ -220,7 +220,10 @@ def verify(
     for leaf, name in zip(state_leaves, state, strict=True):
         leaf.path = f"state.{name}"
     _raise_on_mismatch(state_leaves, f"the end of the sequence ({len(calls)} calls)")
-    return _verification_record(probes, state_leaves, spec)
+    record = _verification_record(probes, state_leaves, spec)
+    if "bench" in result:
+        record["bench"] = result["bench"]
+    return record
 
 
 def _raise_on_mismatch(leaves: list[LeafResult], where: str) -> None:

@@ -34,7 +34,31 @@ def main(staging: Path, work: Path) -> None:
         "outputs": outputs,
         "state": {name: t.detach().cpu().clone() for name, t in model.state.items()},
     }
+    if manifest["config"]["verify"]["bench"]:
+        result["bench"] = bench(manifest, model, calls[0]["inputs"])
     torch.save(result, work / "result.pt")
+
+
+def bench(manifest: dict, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict:
+    """Time the package against eager and torch.compile of the same module, here."""
+    from .bench import time_side_by_side
+    from .module import instantiate_module
+    from .pipeline import as_build_config
+    from .spec import resolve_spec
+
+    spec = resolve_spec(as_build_config(manifest["config"]))
+    eager = instantiate_module(spec)
+    compiled = torch.compile(eager)
+    positional = [inputs[i.name] for i in spec.inputs if i.positional]
+    keyword = {i.name: inputs[i.name] for i in spec.inputs if not i.positional} | dict(spec.kwargs)
+    return time_side_by_side(
+        {
+            "eager": lambda: eager(*positional, **keyword),
+            "torch_compile": lambda: compiled(*positional, **keyword),
+            "package": lambda: model(**inputs),
+        },
+        torch.device(spec.device),
+    )
 
 
 if __name__ == "__main__":

@@ -140,3 +140,15 @@ def test_toolchain_cxx_is_recorded(tmp_path: Path) -> None:
     assert result.manifest["toolchain"]["cxx"]["path"].endswith("g++")
     assert result.manifest["verification"] == {"enabled": False, "passed": None}
     assert os.path.exists(result.output_dir / "model.pt2")
+
+
+def test_bench_records_package_against_eager_and_torch_compile(tmp_path: Path) -> None:
+    cfg = compose(["+module=mlp", "verify.bench=true", "verify.repeat=0", f"output_dir={tmp_path / 'o'}"])
+    bench = flashrt_build.build(cfg).manifest["verification"]["bench"]
+    assert set(bench["ms"]) == {"eager", "torch_compile", "package"}
+    for timing in bench["ms"].values():
+        assert 0 < timing["min"] <= timing["median"] <= timing["max"]
+    assert bench["rounds"] >= 3 and bench["warmup"] >= 1 and bench["device"] == "cpu"
+    assert bench["speedup"]["package_vs_eager"] == pytest.approx(
+        bench["ms"]["eager"]["median"] / bench["ms"]["package"]["median"]
+    )
