@@ -114,11 +114,27 @@ def test_an_impossible_tolerance_fails_the_build(tmp_path: Path) -> None:
     assert not (tmp_path / "bert_tiny").exists() or not any((tmp_path / "bert_tiny").iterdir())
 
 
-def test_a_package_that_crashes_its_loader_fails_the_build_not_the_process(tmp_path: Path) -> None:
-    # A real package whose own code kills the process that loads it: the
-    # compiler links a load-time constructor that raises SIGSEGV into it.
+@pytest.mark.parametrize(
+    ("body", "extra", "expected"),
+    [
+        ("raise(SIGSEGV);", [], "LoaderCrash: the package crashed its loader process with SIGSEGV"),
+        (
+            "sleep(600);",
+            ["verify.timeout=20"],
+            "LoaderCrash: the package hung its loader process past verify.timeout=20s",
+        ),
+    ],
+    ids=["segfault", "hang"],
+)
+def test_a_package_that_crashes_its_loader_fails_the_build_not_the_process(
+    tmp_path: Path, body: str, extra: list[str], expected: str
+) -> None:
+    # A real package whose own code kills (or hangs) the process that loads it:
+    # the compiler links a load-time constructor into it.
     boom = tmp_path / "boom.c"
-    boom.write_text("#include <signal.h>\n__attribute__((constructor)) static void boom(void) { raise(SIGSEGV); }\n")
+    boom.write_text(
+        f"#include <signal.h>\n#include <unistd.h>\n__attribute__((constructor)) static void boom(void) {{ {body} }}\n"
+    )
     subprocess.run(["gcc", "-fPIC", "-c", str(boom), "-o", str(tmp_path / "boom.o")], check=True)
     cxx = tmp_path / "crashing-g++"
     cxx.write_text(
@@ -126,9 +142,9 @@ def test_a_package_that_crashes_its_loader_fails_the_build_not_the_process(tmp_p
     )
     cxx.chmod(0o755)
     out = tmp_path / "out"
-    result = cli("+module=mlp", f"toolchain.cxx={cxx}", f"output_dir={out}", f"output_root={tmp_path}")
+    result = cli("+module=mlp", f"toolchain.cxx={cxx}", f"output_dir={out}", f"output_root={tmp_path}", *extra)
     assert result.returncode == 1, result.stderr
-    assert "LoaderCrash: the package crashed its loader process with SIGSEGV" in result.stderr
+    assert expected in result.stderr
     assert "toolchain.cxx" in result.stderr and str(cxx) in result.stderr
     assert not out.exists()
 
