@@ -104,7 +104,11 @@ class Exported:
 
 def export_module(module: torch.nn.Module, spec: BuildSpec, example: ExampleInputs, dynamic_shapes: object) -> Exported:
     """`torch.export.export` with the spec's dynamic shapes, errors made plain."""
-    program = _export(module, spec, example.args, example.kwargs, dynamic_shapes)
+    try:
+        program = _export(module, spec, example.args, example.kwargs, dynamic_shapes)
+    except ExportError:
+        _check_eager_forward(module, spec, example)
+        raise
     mutated = mutated_buffers(program, spec)
     if not mutated:
         return Exported(program)
@@ -122,6 +126,20 @@ def export_module(module: torch.nn.Module, spec: BuildSpec, example: ExampleInpu
     if left:
         raise ExportError(f"{spec.target} still mutates buffers {left} after threading them as state")
     return Exported(program, mutated)
+
+
+def _check_eager_forward(module: torch.nn.Module, spec: BuildSpec, example: ExampleInputs) -> None:
+    """When export fails, say so plainly if the forward fails without export too."""
+    try:
+        with torch.no_grad():
+            module(*example.args, **example.kwargs)
+    except Exception as exc:
+        shapes = {k: list(v.shape) for k, v in example.kwargs.items() if isinstance(v, torch.Tensor)}
+        shapes |= {f"arg{i}": list(a.shape) for i, a in enumerate(example.args)}
+        raise ExportError(
+            f"the forward of {spec.target} raises {type(exc).__name__} on the example inputs {shapes}, "
+            f"without torch.export: {first_lines(exc)} (check module.inputs)"
+        ) from exc
 
 
 def _shape_of(shapes: Any, value: Any) -> Any:

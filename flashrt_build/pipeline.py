@@ -35,7 +35,7 @@ from .manifest import (
 from .module import import_target, instantiate_module
 from .package import compile_package, package_constant_fqns, validate_inductor_options
 from .progress import StageTimer
-from .publish import publish, staging_dir
+from .publish import build_lock, check_writable, publish, staging_dir
 from .schema import BuildConfig, WeightsMode
 from .spec import BuildSpec, resolve_spec
 from .store import PackageStore, link_or_copy
@@ -79,6 +79,7 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     spec = resolve_spec(as_build_config(cfg), cwd)
     options = validate_inductor_options(spec.inductor_options, spec.weights)
     _check_device(spec.device)
+    check_writable(spec.output_dir)
     timer = StageTimer(spec.name)
     log.info(
         "building %s <%s> for %s/%s, weights %s -> %s",
@@ -104,7 +105,9 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     toolchain = describe_toolchain(spec.device, options)
     keys = build_keys(spec.config, provenance, toolchain)
 
-    with staging_dir(spec.output_dir) as staging:
+    # Builds of one output dir take turns from here to publishing; the stages
+    # above run side by side, and a failure there leaves nothing on disk.
+    with build_lock(spec.output_dir), staging_dir(spec.output_dir) as staging:
         package_path = staging / PACKAGE
         store = PackageStore(spec.output_root)
         previous = store.get(keys["graph_key"]) if spec.weights is WeightsMode.external else None

@@ -123,6 +123,9 @@ class BuildConfig:
     seed: int = 0
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     toolchain: ToolchainConfig = field(default_factory=ToolchainConfig)
+    # fnmatch patterns every `_target_` of the module must match, checked before
+    # anything is imported; empty allows any (release=true adds the shipped zoo).
+    allowed_targets: list[str] = field(default_factory=list)
     release: bool = False
 
 

@@ -6,6 +6,7 @@ heavy work starts, and all of them at once.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 from collections.abc import Mapping
@@ -100,6 +101,33 @@ class BuildSpec:
     config: Mapping[str, Any]  # the resolved config, JSON-ready
 
 
+# What a release build may instantiate without the user widening allowed_targets.
+RELEASE_TARGETS = ("flashrt_build.examples.*", "transformers.*", "torchvision.models.*")
+
+
+def allowed_targets(config: Mapping[str, Any]) -> list[str]:
+    """The effective allow-list: the config's patterns, plus the zoo for a release."""
+    patterns = list(config.get("allowed_targets") or [])
+    if config.get("release"):
+        patterns = [*RELEASE_TARGETS, *patterns]
+    return patterns
+
+
+def find_targets(node: Any, key: str) -> list[tuple[str, Any]]:
+    """Every `_target_` in a config node, with its full key."""
+    found = []
+    if isinstance(node, Mapping):
+        if "_target_" in node:
+            found.append((f"{key}._target_", node["_target_"]))
+        for k, v in node.items():
+            if k != "_target_":
+                found += find_targets(v, f"{key}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += find_targets(v, f"{key}.{i}")
+    return found
+
+
 def canonical_dtype(key: str, name: object) -> str:
     """The torch name of a dtype given in a config, or a ConfigError."""
     if isinstance(name, str) and name in DTYPES:
@@ -150,6 +178,10 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     target = model.get("_target_") if isinstance(model, dict) else None
     if not isinstance(target, str) or not target:
         problems.append(ConfigError("module.model._target_", target, "expected a dotted import path"))
+    allowed = allowed_targets(config)
+    for key, value in find_targets(model, "module.model"):
+        if allowed and not any(fnmatch.fnmatchcase(str(value), pattern) for pattern in allowed):
+            problems.append(ConfigError(key, value, f"not allowed; allowed_targets: {allowed}"))
     if not module["inputs"]:
         problems.append(ConfigError("module.inputs", {}, "expected at least one input"))
     inputs = tuple(

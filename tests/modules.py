@@ -80,3 +80,12 @@ class DiffersWhenExported(nn.Module):
         import flashrt_build
 
         return self.fc(x) + (0.5 if flashrt_build.is_exporting() else 0.0)
+
+
+class RaisesInForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.reshape(-1, 5))  # wrong for the configured [2, 4] input

@@ -138,7 +138,7 @@ def test_user_module_builds_from_config_dir_with_positional_input_and_dict_outpu
 def test_multirun_builds_each_variant_into_its_own_dir(tmp_path: Path) -> None:
     result = cli("-m", "+module=mlp", "seed=0,1", f"output_root={tmp_path}", "verify.enabled=false")
     assert result.returncode == 0, result.stderr
-    dirs = sorted(p.name for p in (tmp_path / "mlp").iterdir())
+    dirs = sorted(p.name for p in (tmp_path / "mlp").iterdir() if not p.name.startswith("."))
     assert dirs == ["cpu-baked-default-seed_0", "cpu-baked-default-seed_1"]
     hashes = {json.loads((tmp_path / "mlp" / d / "manifest.json").read_text())["package"]["sha256"] for d in dirs}
     assert len(hashes) == 2

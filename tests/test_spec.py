@@ -184,3 +184,25 @@ def test_inductor_options_are_flattened() -> None:
     }
     spec = spec_of("+inductor.options.cpp={march: x86-64-v3}")
     assert spec.inductor_options == {"cpp.march": "x86-64-v3"}
+
+
+def test_allowed_targets_refuse_other_targets_before_import() -> None:
+    err = config_error("allowed_targets=[transformers.*]")
+    assert err.key == "module.model._target_" and err.value == "flashrt_build.examples.MLP"
+    assert "allowed_targets" in str(err)
+    assert spec_of("allowed_targets=[flashrt_build.*]").target == "flashrt_build.examples.MLP"
+    # nested targets are checked too: a transformers model built from its config
+    with pytest.raises(ConfigError, match=r"module.model.config._target_' = 'transformers.GPT2Config'"):
+        resolve_spec(compose(["+module=gpt2_tiny", "allowed_targets=[transformers.GPT2LMHeadModel]"]))
+    # never imported: an unimportable target is refused by the allow-list, not by import
+    assert config_error("allowed_targets=[x.*]", "module.model._target_=evil.payload.Run").value == "evil.payload.Run"
+
+
+def test_release_allows_the_shipped_zoo_plus_user_patterns() -> None:
+    assert resolve_spec(compose(["+module=gpt2_tiny", "release=true"])).target == "transformers.GPT2LMHeadModel"
+    err = config_error("release=true", "module.model._target_=mycompany.Net")
+    assert "flashrt_build.examples.*" in str(err)
+    widened = resolve_spec(
+        compose(["+module=mlp", "release=true", "allowed_targets=[mycompany.*]", "module.model._target_=mycompany.Net"])
+    )
+    assert widened.target == "mycompany.Net"
