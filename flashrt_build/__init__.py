@@ -1,44 +1,45 @@
 """flashrt_build: a declarative build system for PyTorch AOTInductor packages.
 
-result = flashrt_build.build(cfg)        # config -> model.pt2 + manifest.json
-model = flashrt_build.load(result.output_dir)
+    result = flashrt_build.build(cfg)        # config -> model.pt2 + manifest.json
+    model = flashrt_build.load(result.output_dir)
+
+Imports are lazy: the command line decides that a build is up to date without
+importing torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .checkpoint import check_checkpoint  # noqa: E402
-from .config import compose  # noqa: E402
-from .errors import (  # noqa: E402
-    ArtifactError,
-    BuildError,
-    CompileError,
-    ConfigError,
-    ExportError,
-    FlashrtError,
-    InstantiateError,
-    VerifyError,
-    WeightsMismatch,
-)
-from .export import is_exporting  # noqa: E402
-from .load import LoadedModule, load  # noqa: E402
-from .pipeline import BuildResult, build  # noqa: E402
+_EXPORTS = {
+    "BuildResult": "pipeline",
+    "build": "pipeline",
+    "check_checkpoint": "checkpoint",
+    "compose": "config",
+    "is_exporting": "export",
+    "LoadedModule": "load",
+    "load": "load",
+    "ArtifactError": "errors",
+    "BuildError": "errors",
+    "CompileError": "errors",
+    "ConfigError": "errors",
+    "ExportError": "errors",
+    "FlashrtError": "errors",
+    "InstantiateError": "errors",
+    "LoaderCrash": "errors",
+    "VerifyError": "errors",
+    "WeightsMismatch": "errors",
+}
 
-__all__ = [
-    "ArtifactError",
-    "BuildError",
-    "BuildResult",
-    "CompileError",
-    "ConfigError",
-    "ExportError",
-    "FlashrtError",
-    "InstantiateError",
-    "LoadedModule",
-    "VerifyError",
-    "WeightsMismatch",
-    "__version__",
-    "build",
-    "check_checkpoint",
-    "compose",
-    "is_exporting",
-    "load",
-]
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

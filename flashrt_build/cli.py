@@ -24,7 +24,7 @@ log = logging.getLogger("flashrt_build")
 
 # Overrides that pick a group or say where to build; any other override makes
 # a variant that gets its own output directory.
-_NAMING_KEYS = {"module", "target", "inductor", "weights", "output_root", "output_dir", "variant", "verify"}
+_NAMING_KEYS = {"module", "target", "inductor", "weights", "output_root", "output_dir", "variant", "verify", "force"}
 
 # Exit codes of the jobs this process ran (one in a run, several in a sweep).
 _job_codes: list[int] = []
@@ -46,12 +46,15 @@ def variant_of(overrides: list[str]) -> str | None:
 def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
     from .errors import FlashrtError
-    from .pipeline import build  # torch is imported here, after Hydra parsed the command line
 
     if cfg.get("variant") is None and HydraConfig.initialized():
         with open_dict(cfg):
             cfg.variant = variant_of(list(HydraConfig.get().overrides.task))
     try:
+        if up_to_date(cfg):
+            return 0
+        from .pipeline import build  # torch is imported only when there is work to do
+
         build(cfg)
         return 0
     except FlashrtError as exc:
@@ -59,6 +62,23 @@ def run_job(cfg: DictConfig) -> int:
             log.exception("build failed")
         log.error("%s: %s", type(exc).__name__, exc)
         return exc.exit_code
+
+
+def up_to_date(cfg: DictConfig) -> bool:
+    """Decide, without importing torch, that the artifact in place is current."""
+    from .cache import check_up_to_date
+    from .config import as_build_config
+    from .key import build_keys, key_ingredients
+    from .spec import resolve_spec
+
+    spec = resolve_spec(as_build_config(cfg))
+    if spec.force or spec.device.startswith("cuda"):  # a GPU's identity needs torch: the full path checks
+        return False
+    ingredients = key_ingredients(spec)
+    fresh, why = check_up_to_date(spec, build_keys(ingredients), ingredients)
+    if fresh:
+        log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
+    return fresh
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

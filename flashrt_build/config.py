@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from .schema import register_schema
+from .errors import ConfigError
+from .schema import BuildConfig, register_schema
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictConfig:
+    """Merge any config-like value over the schema, so API callers get the
+    same validation as the CLI."""
+    schema = OmegaConf.structured(BuildConfig)
+    try:
+        merged = OmegaConf.merge(schema, cfg)
+    except Exception as exc:
+        raise ConfigError(getattr(exc, "full_key", "config"), "?", str(exc).splitlines()[0]) from None
+    assert isinstance(merged, DictConfig)
+    return merged
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> DictConfig:

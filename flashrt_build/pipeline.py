@@ -3,7 +3,6 @@ verified -> published. Each stage is one function from the previous value."""
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 from collections.abc import Mapping
@@ -13,23 +12,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from . import __version__
+from .cache import check_up_to_date
 from .checkpoint import dtype_name
+from .config import as_build_config
 from .errors import ConfigError
 from .export import export_module
 from .inputs import dynamic_shapes, make_inputs
+from .key import build_keys, key_ingredients
 from .manifest import (
     MANIFEST,
     PACKAGE,
     SCHEMA,
     SIDECAR,
     STATE,
-    canonical_json,
     config_sha256,
     file_sha256,
+    read_manifest,
     write_manifest,
 )
 from .module import import_target, instantiate_module
@@ -39,14 +41,11 @@ from .publish import build_lock, check_writable, publish, staging_dir
 from .schema import BuildConfig, WeightsMode
 from .spec import BuildSpec, resolve_spec
 from .store import PackageStore, link_or_copy
-from .toolchain import describe_toolchain
+from .toolchain import describe_toolchain, gpu_of
 from .verify import verify
 from .weights import match_package_tensors, tensor_sha256, write_sidecar
 
 log = logging.getLogger("flashrt_build")
-
-# Config keys that say where and whether to build, not what is built.
-COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify")
 
 
 @dataclass
@@ -55,23 +54,11 @@ class BuildResult:
 
     output_dir: Path
     manifest: dict[str, Any]
-    status: str  # "built"
+    status: str  # "built" or "up_to_date"
 
     @property
     def package(self) -> Path:
         return self.output_dir / PACKAGE
-
-
-def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictConfig:
-    """Merge any config-like value over the schema, so API callers get the
-    same validation as the CLI."""
-    schema = OmegaConf.structured(BuildConfig)
-    try:
-        merged = OmegaConf.merge(schema, cfg)
-    except Exception as exc:
-        raise ConfigError(getattr(exc, "full_key", "config"), "?", str(exc).splitlines()[0]) from None
-    assert isinstance(merged, DictConfig)
-    return merged
 
 
 def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = None) -> BuildResult:
@@ -80,6 +67,13 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     options = validate_inductor_options(spec.inductor_options, spec.weights)
     _check_device(spec.device)
     check_writable(spec.output_dir)
+    ingredients = key_ingredients(spec, gpu_of(spec.device))
+    keys = build_keys(ingredients)
+    fresh, why = check_up_to_date(spec, keys, ingredients)
+    if fresh and not spec.force:
+        log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
+        return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
+    log.info("%s: %s", spec.name, "forced rebuild (force=true)" if spec.force else why)
     timer = StageTimer(spec.name)
     log.info(
         "building %s <%s> for %s/%s, weights %s -> %s",
@@ -103,11 +97,13 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
             timer.notes["export"] += f", state threaded: {', '.join(exported.state)}"
     provenance = _module_provenance(spec)
     toolchain = describe_toolchain(spec.device, options)
-    keys = build_keys(spec.config, provenance, toolchain)
 
     # Builds of one output dir take turns from here to publishing; the stages
     # above run side by side, and a failure there leaves nothing on disk.
     with build_lock(spec.output_dir), staging_dir(spec.output_dir) as staging:
+        if not spec.force and check_up_to_date(spec, keys, ingredients)[0]:
+            log.info("%s: built meanwhile by another process: %s", spec.name, spec.output_dir)
+            return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
         package_path = staging / PACKAGE
         store = PackageStore(spec.output_root)
         previous = store.get(keys["graph_key"]) if spec.weights is WeightsMode.external else None
@@ -154,6 +150,7 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
             "config": spec.config,
             "config_sha256": config_sha256(spec.config),
             **keys,
+            "key_ingredients": ingredients,
             "toolchain": toolchain,
             "verification": {"enabled": False, "passed": None},
             "timings": timer.timings,
@@ -176,29 +173,6 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
         store.put(keys["graph_key"], spec.output_dir / PACKAGE, package["sha256"])
     log.info("artifact: %s", spec.output_dir)
     return BuildResult(spec.output_dir, manifest, "built")
-
-
-def build_keys(
-    config: Mapping[str, Any], provenance: Mapping[str, Any], toolchain: Mapping[str, Any]
-) -> dict[str, str]:
-    """`graph_key`: what determines the compiled graph (not the weight values);
-    `build_key`: what determines the artifact's bytes, weights included."""
-    graph_config = {k: v for k, v in config.items() if k not in COSMETIC_KEYS and k != "seed"}
-    graph_config["module"] = {k: v for k, v in config["module"].items() if k != "checkpoint"}
-    graph = {
-        "config": graph_config,
-        "module": {k: v for k, v in provenance.items() if k not in ("checkpoint", "seed")},
-        "toolchain": {k: v for k, v in toolchain.items() if k not in ("executable", "platform")},
-        "flashrt_build": __version__,
-    }
-    graph_key = _sha256(graph)
-    checkpoint = provenance.get("checkpoint")
-    weights = {"checkpoint": checkpoint and checkpoint["sha256"], "seed": config["seed"]}
-    return {"graph_key": graph_key, "build_key": _sha256({"graph_key": graph_key, "weights": weights})}
-
-
-def _sha256(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
 def _check_device(device: str) -> None:
@@ -290,4 +264,4 @@ def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["MANIFEST", "BuildResult", "build", "build_keys"]
+__all__ = ["MANIFEST", "BuildResult", "build"]

@@ -127,6 +127,8 @@ class BuildConfig:
     # anything is imported; empty allows any (release=true adds the shipped zoo).
     allowed_targets: list[str] = field(default_factory=list)
     release: bool = False
+    # Rebuild even when the artifact in place has this build key.
+    force: bool = False
 
 
 SCHEMA_NAME = "flashrt_build_schema"

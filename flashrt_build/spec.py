@@ -98,6 +98,7 @@ class BuildSpec:
     verify_timeout: float
     bench: bool
     release: bool
+    force: bool
     config: Mapping[str, Any]  # the resolved config, JSON-ready
 
 
@@ -247,6 +248,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         verify_timeout=float(verify["timeout"]),
         bench=bool(verify["bench"]),
         release=bool(config["release"]),
+        force=bool(config["force"]),
         config=config,
     )
 

@@ -39,14 +39,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def gpu_of(device: str) -> dict[str, Any] | None:
+    """Name and compute capability of a CUDA target's GPU; None for the CPU."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    index = torch.device(device).index or 0
+    major, minor = torch.cuda.get_device_capability(index)
+    return {"name": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}"}
+
+
 def describe_toolchain(device: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The toolchain section of the manifest."""
     cxx = cpp_compiler(options)
-    gpu = None
-    if device.startswith("cuda") and torch.cuda.is_available():
-        index = torch.device(device).index or 0
-        major, minor = torch.cuda.get_device_capability(index)
-        gpu = {"name": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}"}
+    gpu = gpu_of(device)
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
