@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import re
+import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,9 +56,35 @@ def validate_inductor_options(options: Mapping[str, Any], weights: WeightsMode =
 
 
 def compile_package(
+    program: torch.export.ExportedProgram,
+    options: Mapping[str, Any],
+    package_path: Path,
+    target: str,
+    cache_dir: Path | None = None,
+) -> Path:
+    """AOTInductor compile + package, with `options` already validated.
+
+    `cache_dir`: compile in this Inductor cache directory, emptied first. The
+    cache path ends up in comments, kernel file names and the .so, and a warm
+    cache appends compile commands to the sources, so a release build uses a
+    fresh one at a fixed path.
+    """
+    with contextlib.ExitStack() as stack:
+        if cache_dir is not None:
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+            cache_dir.parent.mkdir(parents=True, exist_ok=True)
+            lock = stack.enter_context(open(f"{cache_dir}.lock", "a"))  # one compile per cache dir at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            cache_dir.mkdir()
+            stack.enter_context(temporary_cache_dir(str(cache_dir)))
+        return _compile(program, options, package_path, target)
+
+
+def _compile(
     program: torch.export.ExportedProgram, options: Mapping[str, Any], package_path: Path, target: str
 ) -> Path:
-    """AOTInductor compile + package, with `options` already validated."""
     try:
         path = torch._inductor.aoti_compile_and_package(
             program, package_path=str(package_path), inductor_configs=dict(options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -22,7 +23,7 @@ from .config import as_build_config
 from .errors import ConfigError
 from .export import export_module
 from .inputs import dynamic_shapes, make_inputs
-from .key import build_keys, key_ingredients
+from .key import build_keys, canonical_sha256, key_ingredients
 from .manifest import (
     MANIFEST,
     PACKAGE,
@@ -113,7 +114,7 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
             log.info("%-11s %8s  reusing the package of graph %s", "compile", "skipped", keys["graph_key"][:12])
         else:
             with timer.stage("compile"):
-                compile_package(program, options, package_path, spec.target)
+                compile_package(program, options, package_path, spec.target, _release_cache(spec, ingredients))
         with timer.stage("package"):
             fqns = package_constant_fqns(package_path)
             tensors, inlined = match_package_tensors(program, fqns, spec.target, exported.prefix, exported.state)
@@ -173,6 +174,15 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
         store.put(keys["graph_key"], spec.output_dir / PACKAGE, package["sha256"])
     log.info("artifact: %s", spec.output_dir)
     return BuildResult(spec.output_dir, manifest, "built")
+
+
+def _release_cache(spec: BuildSpec, ingredients: dict[str, Any]) -> Path | None:
+    """A release compiles in a fresh cache at a path fixed by its config alone,
+    so the same config gives the same bytes from any directory (the path is
+    written into the package) and different configs never share one."""
+    if not spec.release:
+        return None
+    return Path(tempfile.gettempdir()) / "flashrt_build-release" / canonical_sha256(ingredients["config"])[:16]
 
 
 def _check_device(device: str) -> None:

@@ -70,6 +70,10 @@ class TargetConfig:
     name: str = "cpu"
     device: str = "cpu"
     dtype: str = "float32"
+    # CPU instruction set level for -march (x86-64-v3, ...); null: Inductor's
+    # default, -march=native, which ties a package to this CPU. release=true
+    # uses x86-64-v3 when null.
+    march: str | None = None
 
 
 @dataclass

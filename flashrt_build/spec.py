@@ -106,6 +106,21 @@ class BuildSpec:
 RELEASE_TARGETS = ("flashrt_build.examples.*", "transformers.*", "torchvision.models.*")
 
 
+RELEASE_MARCH = "x86-64-v3"
+
+
+def profile_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Inductor options the target and the release profile set: a pinned CPU
+    level instead of -march=native, and no line tables (they embed paths)."""
+    options: dict[str, Any] = {}
+    march = config["target"].get("march") or (RELEASE_MARCH if config.get("release") else None)
+    if march and config["target"]["device"] == "cpu":
+        options["cpp.march"] = march
+    if config.get("release"):
+        options["aot_inductor.enable_line_tables"] = False
+    return options
+
+
 def allowed_targets(config: Mapping[str, Any]) -> list[str]:
     """The effective allow-list: the config's patterns, plus the zoo for a release."""
     patterns = list(config.get("allowed_targets") or [])
@@ -221,6 +236,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     options = flatten_options(config["inductor"]["options"] or {})
     if cxx is not None:
         options["cpp.cxx"] = cxx
+    options.update(profile_options(config))
     output_dir = check(derive_output_dir, config, cwd)
 
     raise_all(problems)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,4 +66,13 @@ def describe_toolchain(device: str, options: Mapping[str, Any]) -> dict[str, Any
         "cpu_isa": torch.backends.cpu.get_cpu_capability(),
         "platform": platform.platform(),
         "executable": sys.executable,
+        "lock": _lock_file(),
     }
+
+
+def _lock_file() -> dict[str, str] | None:
+    """The pinned lock this checkout installs from (requirements.lock), if any."""
+    path = Path(__file__).resolve().parent.parent / "requirements.lock"
+    if not path.is_file():
+        return None
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
