@@ -3,12 +3,18 @@ artifact at its output directory does no work. Imports no torch."""
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from .errors import ArtifactError
 from .key import changed_ingredients
-from .manifest import file_sha256, read_manifest
+from .manifest import MANIFEST, config_sha256, file_sha256, read_manifest, write_manifest
+from .publish import build_lock, publish, staging_dir
 from .spec import BuildSpec
+from .store import Store, link_or_copy
+
+log = logging.getLogger("flashrt_build")
 
 
 def check_up_to_date(spec: BuildSpec, keys: dict[str, str], ingredients: dict[str, Any]) -> tuple[bool, str]:
@@ -29,3 +35,26 @@ def check_up_to_date(spec: BuildSpec, keys: dict[str, str], ingredients: dict[st
     if spec.verify and manifest["verification"].get("passed") is not True:
         return False, "the build in place was not verified"
     return True, f"up to date (build key {keys['build_key'][:12]})"
+
+
+def fill_from_store(spec: BuildSpec, keys: dict[str, str]) -> dict[str, Any] | None:
+    """When an identical build is in the store, link its files into the output
+    directory instead of building; returns the manifest, or None. The manifest
+    is the stored one with this build's (cosmetic) config."""
+    entry = Store(spec.output_root).get("artifacts", keys["build_key"])
+    if entry is None:
+        return None
+    manifest = json.loads((entry / MANIFEST).read_text())
+    if spec.verify and manifest["verification"].get("passed") is not True:
+        return None
+    with build_lock(spec.output_dir), staging_dir(spec.output_dir) as staging:
+        for path in entry.iterdir():
+            if path.name not in ("sha256", MANIFEST):
+                link_or_copy(path, staging / path.name)
+        config = dict(spec.config)
+        manifest.update(config=config, config_sha256=config_sha256(config), from_store=keys["build_key"])
+        write_manifest(staging, manifest)
+        publish(staging, spec.output_dir)
+    log.info("%s: identical to a stored build (build key %s), linked: %s", spec.name, keys["build_key"][:12],
+             spec.output_dir)  # fmt: skip
+    return manifest

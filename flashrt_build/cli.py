@@ -66,7 +66,7 @@ def run_job(cfg: DictConfig) -> int:
 
 def up_to_date(cfg: DictConfig) -> bool:
     """Decide, without importing torch, that the artifact in place is current."""
-    from .cache import check_up_to_date
+    from .cache import check_up_to_date, fill_from_store
     from .config import as_build_config
     from .key import build_keys, key_ingredients
     from .spec import resolve_spec
@@ -75,10 +75,12 @@ def up_to_date(cfg: DictConfig) -> bool:
     if spec.force or spec.device.startswith("cuda"):  # a GPU's identity needs torch: the full path checks
         return False
     ingredients = key_ingredients(spec)
-    fresh, why = check_up_to_date(spec, build_keys(ingredients), ingredients)
+    keys = build_keys(ingredients)
+    fresh, why = check_up_to_date(spec, keys, ingredients)
     if fresh:
         log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
-    return fresh
+        return True
+    return fill_from_store(spec, keys) is not None
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from . import __version__
-from .cache import check_up_to_date
+from .cache import check_up_to_date, fill_from_store
 from .checkpoint import dtype_name
 from .config import as_build_config
 from .errors import ConfigError
@@ -41,7 +41,7 @@ from .progress import StageTimer
 from .publish import build_lock, check_writable, publish, staging_dir
 from .schema import BuildConfig, WeightsMode
 from .spec import BuildSpec, resolve_spec
-from .store import PackageStore, link_or_copy
+from .store import Store, link_or_copy
 from .toolchain import describe_toolchain, gpu_of
 from .verify import verify
 from .weights import match_package_tensors, tensor_sha256, write_sidecar
@@ -55,7 +55,7 @@ class BuildResult:
 
     output_dir: Path
     manifest: dict[str, Any]
-    status: str  # "built" or "up_to_date"
+    status: str  # "built", "up_to_date" or "from_store"
 
     @property
     def package(self) -> Path:
@@ -74,6 +74,8 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     if fresh and not spec.force:
         log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
         return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
+    if not spec.force and (filled := fill_from_store(spec, keys)) is not None:
+        return BuildResult(spec.output_dir, filled, "from_store")
     log.info("%s: %s", spec.name, "forced rebuild (force=true)" if spec.force else why)
     timer = StageTimer(spec.name)
     log.info(
@@ -106,8 +108,8 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
             log.info("%s: built meanwhile by another process: %s", spec.name, spec.output_dir)
             return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
         package_path = staging / PACKAGE
-        store = PackageStore(spec.output_root)
-        previous = store.get(keys["graph_key"]) if spec.weights is WeightsMode.external else None
+        store = Store(spec.output_root)
+        previous = store.package(keys["graph_key"]) if spec.weights is WeightsMode.external else None
         if previous is not None:
             # Only the weights differ from a build already compiled: same package.
             link_or_copy(previous, package_path)
@@ -171,7 +173,12 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
             write_manifest(staging, manifest)
         publish(staging, spec.output_dir)
     if spec.weights is WeightsMode.external:
-        store.put(keys["graph_key"], spec.output_dir / PACKAGE, package["sha256"])
+        store.put("packages", keys["graph_key"], [spec.output_dir / PACKAGE])
+    store.put(
+        "artifacts",
+        keys["build_key"],
+        [spec.output_dir / name for name in (PACKAGE, SIDECAR, STATE, MANIFEST) if (spec.output_dir / name).is_file()],
+    )
     log.info("artifact: %s", spec.output_dir)
     return BuildResult(spec.output_dir, manifest, "built")
 

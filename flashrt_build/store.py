@@ -1,18 +1,24 @@
-"""A content-addressed store of compiled packages under the output root.
+"""A content-addressed store under the output root.
 
-External-weights packages do not depend on weight values, so builds that
-differ only in their checkpoint or seed share one compile: the package is kept
-here under its graph key and hard-linked into each output directory.
+- `packages/<graph_key>/`: external-weights packages, which do not depend on
+  weight values, so builds that differ only in checkpoint or seed share one compile;
+- `artifacts/<build_key>/`: whole artifacts, so identical builds into several
+  output directories (a sweep, a release tree) are built once.
+
+Output directories are filled by hard links (copies across filesystems), never
+by symbolic links, so cleaning the store breaks no artifact.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
-from .manifest import PACKAGE, file_sha256
+from .manifest import MANIFEST, PACKAGE, file_sha256
 
 STORE_DIR = ".store"
 
@@ -25,37 +31,75 @@ def link_or_copy(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
-class PackageStore:
-    """`<output_root>/.store/packages/<graph_key>/{model.pt2, sha256}`."""
+class Store:
+    """`<output_root>/.store/{packages,artifacts}/<key>/` with a `sha256` list."""
 
     def __init__(self, output_root: Path) -> None:
-        self.root = Path(output_root) / STORE_DIR / "packages"
+        self.root = Path(output_root) / STORE_DIR
 
-    def get(self, graph_key: str) -> Path | None:
-        """The stored package for `graph_key`, if present and intact."""
-        entry = self.root / graph_key
+    def get(self, kind: str, key: str) -> Path | None:
+        """The entry for `key`, if present and every file in it intact."""
+        entry = self.root / kind / key
         try:
-            recorded = (entry / "sha256").read_text().strip()
-        except OSError:
+            recorded = dict(line.split("  ", 1)[::-1] for line in (entry / "sha256").read_text().splitlines())
+        except (OSError, ValueError):
             return None
-        package = entry / PACKAGE
-        if package.is_file() and file_sha256(package) == recorded:
-            return package
+        if all((entry / name).is_file() and file_sha256(entry / name) == sha for name, sha in recorded.items()):
+            return entry
         shutil.rmtree(entry, ignore_errors=True)  # damaged: rebuild rather than trust it
         return None
 
-    def put(self, graph_key: str, package: Path, sha256: str) -> None:
-        """Keep `package` under `graph_key`; the entry appears whole or not at all."""
-        entry = self.root / graph_key
+    def put(self, kind: str, key: str, files: list[Path]) -> None:
+        """Keep `files` under `key`; the entry appears whole or not at all."""
+        entry = self.root / kind / key
         if entry.exists():
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{graph_key[:12]}-", dir=self.root))
         try:
-            link_or_copy(package, staging / PACKAGE)
-            (staging / "sha256").write_text(sha256 + "\n")
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=entry.parent))
+        except OSError:
+            return  # the store is an optimisation: a read-only root just goes without
+        try:
+            lines = []
+            for path in files:
+                link_or_copy(path, staging / path.name)
+                lines.append(f"{file_sha256(path)}  {path.name}")
+            (staging / "sha256").write_text("\n".join(lines) + "\n")
             os.rename(staging, entry)
         except OSError:
-            pass  # another build stored it first, or the root is read-only: the store is an optimisation
+            pass  # another build stored it first
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def package(self, graph_key: str) -> Path | None:
+        entry = self.get("packages", graph_key)
+        return entry / PACKAGE if entry else None
+
+    def prune(self, everything: bool = False) -> list[Path]:
+        """Remove entries no output directory links to any more (or all of them)."""
+        removed = []
+        for kind in ("packages", "artifacts"):
+            for entry in sorted((self.root / kind).glob("*")) if (self.root / kind).is_dir() else []:
+                files = [p for p in entry.iterdir() if p.name not in ("sha256", MANIFEST)]
+                if everything or all(p.stat().st_nlink <= 1 for p in files):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(entry)
+        return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flashrt_build.store clean [OUTPUT_ROOT] [--all]`."""
+    parser = argparse.ArgumentParser(prog="python -m flashrt_build.store", description="Manage the build store.")
+    parser.add_argument("command", choices=["clean"])
+    parser.add_argument("output_root", nargs="?", default="outputs", type=Path)
+    parser.add_argument("--all", action="store_true", help="remove every entry, not only unreferenced ones")
+    args = parser.parse_args(argv)
+    removed = Store(args.output_root).prune(everything=args.all)
+    for entry in removed:
+        print(f"removed {entry}")
+    print(f"{len(removed)} store entries removed from {args.output_root / STORE_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,40 @@ def test_an_unverified_artifact_is_not_up_to_date_for_a_verified_build(tmp_path:
     verified = flashrt_build.build(compose(["+module=mlp", f"output_dir={out}", "verify.repeat=0"]))
     assert verified.status == "built" and verified.manifest["verification"]["passed"] is True
     assert verified.manifest["build_key"] == unverified.manifest["build_key"]  # verification is not an ingredient
+
+
+def test_an_identical_build_elsewhere_is_linked_from_the_store(mlp_build: flashrt_build.BuildResult) -> None:
+    root = mlp_build.output_dir.parent
+    copy = root / "copy"
+    with mock.patch.object(pipeline, "compile_package", wraps=pipeline.compile_package) as compiler:
+        result = flashrt_build.build(compose(["+module=mlp", f"output_dir={copy}", f"output_root={root}"]))
+    assert result.status == "from_store" and compiler.call_count == 0
+    assert (copy / "model.pt2").stat().st_ino == (mlp_build.output_dir / "model.pt2").stat().st_ino
+    assert result.manifest["build_key"] == mlp_build.manifest["build_key"]
+    assert result.manifest["config"]["output_dir"] == str(copy)
+
+    # cleaning keeps what output dirs still link to; an artifact survives even a full clean
+    from flashrt_build.store import Store
+
+    assert Store(root).prune() == []
+    assert Store(root).prune(everything=True)
+    model = flashrt_build.load(copy)
+    assert model(x=__import__("torch").randn(2, 16)).shape == (2, 8)
+    shutil.rmtree(copy)
+
+
+def test_clean_command_prunes_unreferenced_entries(tmp_path: Path) -> None:
+    out = tmp_path / "a"
+    flashrt_build.build(
+        compose(["+module=mlp", f"output_dir={out}", f"output_root={tmp_path}", "verify.enabled=false"])
+    )
+    assert list((tmp_path / ".store" / "artifacts").iterdir())
+    shutil.rmtree(out)
+    result = subprocess.run(
+        [sys.executable, "-m", "flashrt_build.store", "clean", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "1 store entries removed" in result.stdout
+    assert not list((tmp_path / ".store" / "artifacts").iterdir())
