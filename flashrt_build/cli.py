@@ -69,6 +69,7 @@ def up_to_date(cfg: DictConfig) -> bool:
     from .cache import check_up_to_date, fill_from_store
     from .config import as_build_config
     from .key import build_keys, key_ingredients
+    from .publish import build_lock
     from .spec import resolve_spec
 
     spec = resolve_spec(as_build_config(cfg))
@@ -78,7 +79,8 @@ def up_to_date(cfg: DictConfig) -> bool:
     keys = build_keys(ingredients)
     fresh, why = check_up_to_date(spec, keys, ingredients)
     if fresh:
-        log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
+        with build_lock(spec.output_dir):  # also clears what an interrupted build left
+            log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
         return True
     return fill_from_store(spec, keys) is not None
 

@@ -72,7 +72,8 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     keys = build_keys(ingredients)
     fresh, why = check_up_to_date(spec, keys, ingredients)
     if fresh and not spec.force:
-        log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
+        with build_lock(spec.output_dir):  # also clears what an interrupted build left
+            log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
         return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
     if not spec.force and (filled := fill_from_store(spec, keys)) is not None:
         return BuildResult(spec.output_dir, filled, "from_store")

@@ -31,7 +31,7 @@ def test_build_result_points_at_a_complete_artifact(mlp_build: flashrt_build.Bui
     assert on_disk["build_key"] == mlp_build.manifest["build_key"]
     # nothing left behind next to the output dir (staging is removed), but the build lock
     siblings = sorted(p.name for p in mlp_build.output_dir.parent.iterdir())
-    assert siblings == [f".{mlp_build.output_dir.name}.lock", mlp_build.output_dir.name]
+    assert siblings == [f".{mlp_build.output_dir.name}.lock", ".store", mlp_build.output_dir.name]
 
 
 @pytest.mark.parametrize("batch", [1, 3, 17, 64])

@@ -55,7 +55,10 @@ def test_each_changed_ingredient_rebuilds_and_is_named(tmp_path: Path, caplog: p
 
     def build(*overrides: str) -> flashrt_build.BuildResult:
         caplog.clear()
-        cfg = compose(["+module=net", f"output_dir={out}", "verify.repeat=0", *overrides], config_dir=conf)
+        cfg = compose(
+            ["+module=net", f"output_dir={out}", f"output_root={tmp_path}", "verify.repeat=0", *overrides],
+            config_dir=conf,
+        )
         with caplog.at_level(logging.INFO, logger="flashrt_build"):
             return flashrt_build.build(cfg)
 
@@ -81,9 +84,13 @@ def test_each_changed_ingredient_rebuilds_and_is_named(tmp_path: Path, caplog: p
 
 def test_an_unverified_artifact_is_not_up_to_date_for_a_verified_build(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    unverified = flashrt_build.build(compose(["+module=mlp", f"output_dir={out}", "verify.enabled=false"]))
+    unverified = flashrt_build.build(
+        compose(["+module=mlp", f"output_dir={out}", f"output_root={tmp_path}", "verify.enabled=false"])
+    )
     assert unverified.manifest["verification"]["passed"] is None
-    verified = flashrt_build.build(compose(["+module=mlp", f"output_dir={out}", "verify.repeat=0"]))
+    verified = flashrt_build.build(
+        compose(["+module=mlp", f"output_dir={out}", f"output_root={tmp_path}", "verify.repeat=0"])
+    )
     assert verified.status == "built" and verified.manifest["verification"]["passed"] is True
     assert verified.manifest["build_key"] == unverified.manifest["build_key"]  # verification is not an ingredient
 

@@ -151,7 +151,15 @@ def test_a_package_that_crashes_its_loader_fails_the_build_not_the_process(
 
 
 def test_toolchain_cxx_is_recorded(tmp_path: Path) -> None:
-    cfg = compose(["+module=mlp", "toolchain.cxx=g++", "verify.enabled=false", f"output_dir={tmp_path / 'o'}"])
+    cfg = compose(
+        [
+            "+module=mlp",
+            "toolchain.cxx=g++",
+            "verify.enabled=false",
+            f"output_dir={tmp_path / 'o'}",
+            f"output_root={tmp_path}",
+        ]
+    )
     result = flashrt_build.build(cfg)
     assert result.manifest["inductor"]["options"]["cpp.cxx"] == "g++"
     assert result.manifest["toolchain"]["cxx"]["path"].endswith("g++")
@@ -160,7 +168,15 @@ def test_toolchain_cxx_is_recorded(tmp_path: Path) -> None:
 
 
 def test_bench_records_package_against_eager_and_torch_compile(tmp_path: Path) -> None:
-    cfg = compose(["+module=mlp", "verify.bench=true", "verify.repeat=0", f"output_dir={tmp_path / 'o'}"])
+    cfg = compose(
+        [
+            "+module=mlp",
+            "verify.bench=true",
+            "verify.repeat=0",
+            f"output_dir={tmp_path / 'o'}",
+            f"output_root={tmp_path}",
+        ]
+    )
     bench = flashrt_build.build(cfg).manifest["verification"]["bench"]
     assert set(bench["ms"]) == {"eager", "torch_compile", "package"}
     for timing in bench["ms"].values():
