@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .checkpoint import check_checkpoint
-from .errors import ConfigError, FlashrtError
+from .errors import FlashrtError, print_listing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,19 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         problems = check_checkpoint(args.output_dir, args.checkpoint)
-    except ConfigError as exc:
+    except FlashrtError as exc:  # a ConfigError exits 2, any other failure 1
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except FlashrtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     if not problems:
         print(f"{args.checkpoint} fits {args.output_dir}")
         return 0
-    print(f"{args.checkpoint} does not fit {args.output_dir}:")
-    for kind, names in problems.items():
-        for name in names:
-            print(f"  {kind}: {name}")
+    print_listing(f"{args.checkpoint} does not fit {args.output_dir}:", problems)
     return 1
 
 

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -93,6 +94,8 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     """Console entry point (`flashrt-build`, `python -m flashrt_build`)."""
     register_schema()
+    # torch's own pytree deprecation notice, printed on every export: not the user's to act on
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
     try:
         _hydra_main()
     except SystemExit as exc:

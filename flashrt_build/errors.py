@@ -82,3 +82,11 @@ def first_lines(exc: BaseException, n: int = 3) -> str:
     """The first `n` non-empty lines of an exception's message, on one line."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return " | ".join(lines[:n]) or type(exc).__name__
+
+
+def print_listing(header: str, listing: dict[str, list[str]]) -> None:
+    """A command's verdict and one indented line per item: `  kind: item`."""
+    print(header)
+    for kind, items in listing.items():
+        for item in items:
+            print(f"  {kind}: {item}")

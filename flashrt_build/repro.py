@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import ConfigError, FlashrtError
+from .errors import ConfigError, FlashrtError, print_listing
 from .manifest import file_sha256, read_manifest
 
 log = logging.getLogger("flashrt_build")
@@ -70,19 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         differences = reproduce(args.output_dir)
-    except ConfigError as exc:
+    except FlashrtError as exc:  # a ConfigError exits 2, any other failure 1
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except FlashrtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     if not differences:
         print(f"reproduced: every file of {args.output_dir} is byte-identical")
         return 0
-    print(f"not reproduced: {args.output_dir} differs from its rebuild")
-    for name, members in differences.items():
-        for member in members:
-            print(f"  {name}: {member}")
+    print_listing(f"not reproduced: {args.output_dir} differs from its rebuild", differences)
     return 1
 
 

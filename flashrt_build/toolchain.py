@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import platform
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from importlib import metadata
@@ -15,14 +13,7 @@ from typing import Any
 
 import torch
 
-
-@functools.cache
-def compiler_version(cxx: str) -> str:
-    try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=False)
-        return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+from .key import compiler_version
 
 
 def cpp_compiler(options: Mapping[str, Any]) -> str:

@@ -10,6 +10,8 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 import flashrt_build
 import flashrt_build.pipeline as pipeline
@@ -72,6 +74,12 @@ def test_each_changed_ingredient_rebuilds_and_is_named(tmp_path: Path, caplog: p
 
         assert build("seed=7").status == "built" and "changed: weights" in caplog.text
 
+        checkpoint = tmp_path / "net.safetensors"
+        save_file({"weight": torch.ones(2, 4), "bias": torch.zeros(2)}, str(checkpoint))
+        assert build("seed=7", f"module.checkpoint={checkpoint}").status == "built"
+        assert "changed: weights" in caplog.text
+        assert build("seed=7", f"module.checkpoint={checkpoint}").status == "up_to_date"
+
         assert build("seed=7", "+inductor.options.max_autotune=false").status == "built"
         assert "changed: config.inductor" in caplog.text
 
@@ -111,7 +119,7 @@ def test_an_identical_build_elsewhere_is_linked_from_the_store(mlp_build: flashr
     assert Store(root).prune() == []
     assert Store(root).prune(everything=True)
     model = flashrt_build.load(copy)
-    assert model(x=__import__("torch").randn(2, 16)).shape == (2, 8)
+    assert model(x=torch.randn(2, 16)).shape == (2, 8)
     shutil.rmtree(copy)
 
 
