@@ -58,3 +58,26 @@ def fill_from_store(spec: BuildSpec, keys: dict[str, str]) -> dict[str, Any] | N
     log.info("%s: identical to a stored build (build key %s), linked: %s", spec.name, keys["build_key"][:12],
              spec.output_dir)  # fmt: skip
     return manifest
+
+
+def reuse(
+    spec: BuildSpec, keys: dict[str, str], ingredients: dict[str, Any], say_why: bool = True
+) -> tuple[str, dict[str, Any]] | None:
+    """("up_to_date" | "from_store", manifest) when no build is needed, else
+    None, logging why one is if `say_why`. Shared by the torch-free CLI path
+    (which leaves the why to the build it hands over to) and the API."""
+    if spec.force:
+        if say_why:
+            log.info("%s: forced rebuild (force=true)", spec.name)
+        return None
+    fresh, why = check_up_to_date(spec, keys, ingredients)
+    if fresh:
+        with build_lock(spec.output_dir):  # also clears what an interrupted build left
+            log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
+        return "up_to_date", read_manifest(spec.output_dir)
+    filled = fill_from_store(spec, keys)
+    if filled is not None:
+        return "from_store", filled
+    if say_why:
+        log.info("%s: %s", spec.name, why)
+    return None

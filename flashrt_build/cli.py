@@ -66,24 +66,18 @@ def run_job(cfg: DictConfig) -> int:
 
 
 def up_to_date(cfg: DictConfig) -> bool:
-    """Decide, without importing torch, that the artifact in place is current."""
-    from .cache import check_up_to_date, fill_from_store
+    """Decide, without importing torch, that no build is needed (the artifact
+    in place is current, or an identical one is in the store)."""
+    from .cache import reuse
     from .config import as_build_config
     from .key import build_keys, key_ingredients
-    from .publish import build_lock
     from .spec import resolve_spec
 
     spec = resolve_spec(as_build_config(cfg))
     if spec.force or spec.device.startswith("cuda"):  # a GPU's identity needs torch: the full path checks
         return False
     ingredients = key_ingredients(spec)
-    keys = build_keys(ingredients)
-    fresh, why = check_up_to_date(spec, keys, ingredients)
-    if fresh:
-        with build_lock(spec.output_dir):  # also clears what an interrupted build left
-            log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
-        return True
-    return fill_from_store(spec, keys) is not None
+    return reuse(spec, build_keys(ingredients), ingredients, say_why=False) is not None
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -29,15 +29,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .manifest import file_sha256
+from .manifest import canonical_sha256, file_sha256
 from .spec import BuildSpec
 
 # Keys that say where a build goes and how it is checked, not what it is.
 COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force")
-
-
-def canonical_sha256(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
 def source_tree_sha256(root: str) -> tuple[str, int]:

@@ -27,13 +27,13 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def canonical_json(value: Any) -> str:
-    """Stable JSON for hashing: sorted keys, no whitespace."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+def canonical_sha256(value: Any) -> str:
+    """sha256 of stable JSON (sorted keys, no whitespace): the same value hashes the same."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
 def config_sha256(config: Any) -> str:
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+    return canonical_sha256(config)
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:

@@ -17,19 +17,20 @@ from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from . import __version__
-from .cache import check_up_to_date, fill_from_store
+from .cache import check_up_to_date, reuse
 from .checkpoint import dtype_name
 from .config import as_build_config
 from .errors import ConfigError
 from .export import export_module
 from .inputs import dynamic_shapes, make_inputs
-from .key import build_keys, canonical_sha256, key_ingredients
+from .key import build_keys, key_ingredients
 from .manifest import (
     MANIFEST,
     PACKAGE,
     SCHEMA,
     SIDECAR,
     STATE,
+    canonical_sha256,
     config_sha256,
     file_sha256,
     read_manifest,
@@ -70,14 +71,9 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     check_writable(spec.output_dir)
     ingredients = key_ingredients(spec, gpu_of(spec.device))
     keys = build_keys(ingredients)
-    fresh, why = check_up_to_date(spec, keys, ingredients)
-    if fresh and not spec.force:
-        with build_lock(spec.output_dir):  # also clears what an interrupted build left
-            log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
-        return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
-    if not spec.force and (filled := fill_from_store(spec, keys)) is not None:
-        return BuildResult(spec.output_dir, filled, "from_store")
-    log.info("%s: %s", spec.name, "forced rebuild (force=true)" if spec.force else why)
+    reused = reuse(spec, keys, ingredients)
+    if reused is not None:
+        return BuildResult(spec.output_dir, reused[1], reused[0])
     timer = StageTimer(spec.name)
     log.info(
         "building %s <%s> for %s/%s, weights %s -> %s",
