@@ -8,10 +8,10 @@ import logging
 from typing import Any
 
 from .errors import ArtifactError
-from .key import changed_ingredients
+from .key import build_keys, changed_ingredients, key_ingredients
 from .manifest import MANIFEST, config_sha256, file_sha256, read_manifest, write_manifest
 from .publish import build_lock, publish, staging_dir
-from .spec import BuildSpec
+from .spec import BuildSpec, resolve_spec
 from .store import Store, link_or_copy
 
 log = logging.getLogger("flashrt_build")
@@ -81,3 +81,16 @@ def reuse(
     if say_why:
         log.info("%s: %s", spec.name, why)
     return None
+
+
+def reuse_config(cfg: Any) -> tuple[BuildSpec, tuple[str, dict[str, Any]] | None]:
+    """Resolve a composed config and reuse its artifact when no build is
+    needed, without importing torch: what the CLI does before anything heavy.
+    CUDA targets always hand over to the build (a GPU's identity needs torch)."""
+    from .config import as_build_config
+
+    spec = resolve_spec(as_build_config(cfg))
+    if spec.force or spec.device.startswith("cuda"):
+        return spec, None
+    ingredients = key_ingredients(spec)
+    return spec, reuse(spec, build_keys(ingredients), ingredients, say_why=False)

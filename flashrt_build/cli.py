@@ -16,19 +16,27 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .config import CONF_DIR
 from .schema import register_schema
+from .threads import apply_threads, default_parallel_jobs
 
 log = logging.getLogger("flashrt_build")
 
 # Overrides that pick a group or say where to build; any other override makes
 # a variant that gets its own output directory.
-_NAMING_KEYS = {"module", "target", "inductor", "weights", "output_root", "output_dir", "variant", "verify", "force"}
+_NAMING_KEYS = {
+    *("module", "target", "inductor", "weights", "output_root", "output_dir", "variant", "verify", "force", "threads")
+}
 
 # Exit codes of the jobs this process ran (one in a run, several in a sweep).
 _job_codes: list[int] = []
+
+# conf/hydra/launcher/parallel.yaml: concurrent builds unless told. Registered
+# on import: joblib's workers resolve the launcher config too.
+OmegaConf.register_new_resolver("flashrt_parallel_jobs", default_parallel_jobs, replace=True)
 
 
 def variant_of(overrides: list[str]) -> str | None:
@@ -51,9 +59,16 @@ def run_job(cfg: DictConfig) -> int:
     if cfg.get("variant") is None and HydraConfig.initialized():
         with open_dict(cfg):
             cfg.variant = variant_of(list(HydraConfig.get().overrides.task))
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        from .sweep import run_sweep_job  # a build per fresh process, a record for the summary
+
+        return run_sweep_job(cfg)
     try:
-        if up_to_date(cfg):
+        from .cache import reuse_config
+
+        if reuse_config(cfg)[1] is not None:
             return 0
+        apply_threads(cfg.get("threads"))  # before torch starts its thread pools
         from .pipeline import build  # torch is imported only when there is work to do
 
         build(cfg)
@@ -65,19 +80,9 @@ def run_job(cfg: DictConfig) -> int:
         return exc.exit_code
 
 
-def up_to_date(cfg: DictConfig) -> bool:
-    """Decide, without importing torch, that no build is needed (the artifact
-    in place is current, or an identical one is in the store)."""
-    from .cache import reuse
-    from .config import as_build_config
-    from .key import build_keys, key_ingredients
-    from .spec import resolve_spec
-
-    spec = resolve_spec(as_build_config(cfg))
-    if spec.force or spec.device.startswith("cuda"):  # a GPU's identity needs torch: the full path checks
-        return False
-    ingredients = key_ingredients(spec)
-    return reuse(spec, build_keys(ingredients), ingredients, say_why=False) is not None
+def quiet_known_warnings() -> None:
+    """torch's own pytree deprecation notice, printed on every export: not the user's to act on."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -88,8 +93,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     """Console entry point (`flashrt-build`, `python -m flashrt_build`)."""
     register_schema()
-    # torch's own pytree deprecation notice, printed on every export: not the user's to act on
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+    quiet_known_warnings()
     try:
         _hydra_main()
     except SystemExit as exc:
@@ -98,4 +102,6 @@ def main() -> None:
         if exc.code not in (0, None) and not _job_codes:
             sys.exit(2)
         raise
-    sys.exit(max(_job_codes, default=0))
+    from .summary import last_exit_code  # a sweep's verdict covers jobs other processes ran
+
+    sys.exit(last_exit_code[0] if last_exit_code else max(_job_codes, default=0))

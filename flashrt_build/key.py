@@ -33,7 +33,7 @@ from .manifest import canonical_sha256, file_sha256
 from .spec import BuildSpec
 
 # Keys that say where a build goes and how it is checked, not what it is.
-COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force")
+COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads")
 
 
 def source_tree_sha256(root: str) -> tuple[str, int]:

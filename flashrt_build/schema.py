@@ -133,6 +133,10 @@ class BuildConfig:
     release: bool = False
     # Rebuild even when the artifact in place has this build key.
     force: bool = False
+    # CPU threads one build may use (torch, Inductor's compile workers, the
+    # verification process); null: all cores, or in a parallel sweep the
+    # cores divided among the concurrent jobs. Not part of the build key.
+    threads: int | None = None
 
 
 SCHEMA_NAME = "flashrt_build_schema"

@@ -99,6 +99,7 @@ class BuildSpec:
     bench: bool
     release: bool
     force: bool
+    threads: int | None
     config: Mapping[str, Any]  # the resolved config, JSON-ready
 
 
@@ -230,6 +231,9 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         problems.append(ConfigError("verify.repeat", verify["repeat"], "expected a count >= 0"))
     if not verify["timeout"] > 0:
         problems.append(ConfigError("verify.timeout", verify["timeout"], "expected seconds > 0"))
+    threads = config.get("threads")
+    if threads is not None and threads < 1:
+        problems.append(ConfigError("threads", threads, "expected a thread count >= 1, or null for all cores"))
     cxx = config["toolchain"]["cxx"]
     if cxx is not None and shutil.which(cxx) is None:
         problems.append(ConfigError("toolchain.cxx", cxx, "no such compiler on PATH"))
@@ -265,6 +269,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         bench=bool(verify["bench"]),
         release=bool(config["release"]),
         force=bool(config["force"]),
+        threads=threads,
         config=config,
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -89,3 +91,22 @@ class RaisesInForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x.reshape(-1, 5))  # wrong for the configured [2, 4] input
+
+
+_once_per_process_built = 0
+
+
+class OncePerProcess(nn.Module):
+    """Refuses a second construction in one process: a sweep whose jobs share
+    a process (state leaking from one build into the next) fails with it."""
+
+    def __init__(self, width: int = 8) -> None:
+        global _once_per_process_built
+        _once_per_process_built += 1
+        if _once_per_process_built > 1:
+            raise RuntimeError(f"constructed {_once_per_process_built} times in process {os.getpid()}")
+        super().__init__()
+        self.fc = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
