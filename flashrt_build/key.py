@@ -109,7 +109,8 @@ def toolchain_ingredients(spec: BuildSpec, gpu: dict[str, Any] | None = None) ->
         "cxx": {"path": cxx, "version": compiler_version(cxx)},
         "cuda": _torch_cuda_version(),
         "cpu_isa": cpu_isa(),
-        "gpu": gpu,
+        # the architecture, not which card: a build on cuda:1 is the build on cuda:0
+        "gpu": {k: gpu[k] for k in ("name", "capability")} if gpu else None,
     }
 
 

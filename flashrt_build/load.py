@@ -18,8 +18,10 @@ import torch
 from .checkpoint import compare, dtype_name, read_checkpoint
 from .errors import ArtifactError, WeightsMismatch
 from .export import STATE_KWARG
+from .gpu import check_gpu_arch, fp32_precision
 from .manifest import file_sha256, read_manifest
 from .package import load_package
+from .toolchain import gpu_of
 
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
@@ -55,6 +57,7 @@ class LoadedModule(torch.nn.Module):
         object.__setattr__(self, "state", dict(state or {}))
         self._constant_kwargs = dict(manifest["config"]["module"].get("kwargs") or {})
         self._device = torch.device(device if device is not None else manifest["target"]["device"])
+        self._tf32 = manifest["target"].get("tf32") if self._device.type == "cuda" else None
         inputs = manifest["inputs"]
         self._positional = [i["name"] for i in inputs if i["positional"]]
         self._keyword = [i["name"] for i in inputs if not i["positional"]]
@@ -97,9 +100,10 @@ class LoadedModule(torch.nn.Module):
         check_inputs(self.manifest["inputs"], bound, self._device)
         args = [bound[n] for n in self._positional]
         kwargs = {**{n: bound[n] for n in self._keyword}, **self._constant_kwargs}
-        if not self.state:
-            return self._runner(*args, **kwargs)
-        out, new_state = self._runner(*args, **kwargs, **{STATE_KWARG: self.state})
+        with fp32_precision(self._tf32):  # extern kernels (cuBLAS, cuDNN) read it on every call
+            if not self.state:
+                return self._runner(*args, **kwargs)
+            out, new_state = self._runner(*args, **kwargs, **{STATE_KWARG: self.state})
         for name, tensor in self.state.items():
             tensor.copy_(new_state[name])
         return out
@@ -170,6 +174,7 @@ def open_package(
     """Load a package whose manifest is already read (build uses it before publishing)."""
     package = check_file(output_dir, manifest["package"], "the package")
     device = torch.device(device if device is not None else manifest["target"]["device"])
+    check_gpu_arch(manifest["toolchain"].get("gpu"), device, gpu_of(str(device)))
     external = manifest["weights"]["mode"] == "external"
     sidecar = check_file(output_dir, manifest["weights"], "the weights") if external else None
 

@@ -22,6 +22,7 @@ from .checkpoint import dtype_name
 from .config import as_build_config
 from .errors import ConfigError
 from .export import export_module
+from .gpu import fp32_precision
 from .inputs import dynamic_shapes, make_inputs
 from .key import build_keys, key_ingredients
 from .manifest import (
@@ -43,6 +44,7 @@ from .publish import build_lock, check_writable, publish, staging_dir
 from .schema import BuildConfig, WeightsMode
 from .spec import BuildSpec, resolve_spec
 from .store import Store, link_or_copy
+from .threads import apply_threads
 from .toolchain import describe_toolchain, gpu_of
 from .verify import verify
 from .weights import match_package_tensors, tensor_sha256, write_sidecar
@@ -66,6 +68,7 @@ class BuildResult:
 def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = None) -> BuildResult:
     """Build one package from a config and publish it to its output directory."""
     spec = resolve_spec(as_build_config(cfg), cwd)
+    apply_threads(spec.threads)
     options = validate_inductor_options(spec.inductor_options, spec.weights)
     _check_device(spec.device)
     check_writable(spec.output_dir)
@@ -74,6 +77,12 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     reused = reuse(spec, keys, ingredients)
     if reused is not None:
         return BuildResult(spec.output_dir, reused[1], reused[0])
+    with fp32_precision(spec.tf32):  # export, compile and verify under the target's TF32 policy
+        return _build(spec, options, keys, ingredients)
+
+
+def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingredients: dict[str, Any]) -> BuildResult:
+    """The stages of a build that has work to do."""
     timer = StageTimer(spec.name)
     log.info(
         "building %s <%s> for %s/%s, weights %s -> %s",
@@ -144,7 +153,7 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
             "state": state,
             "inputs": [inp.to_json() for inp in spec.inputs],
             "outputs": _output_specs(program, spec, len(exported.state)),
-            "target": {"device": spec.device, "dtype": spec.dtype},
+            "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
             "inductor": {"options": _jsonable(options)},
             "release": spec.release,
             "config": spec.config,
@@ -159,6 +168,7 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
             with timer.stage("verify"):
                 # In a fresh process, loaded as users load it: digests checked, weights bound.
                 record = verify(spec, module, staging, manifest, exported.state, spec.repeat, spec.verify_timeout)
+                record["gpu"] = gpu_of(spec.device)  # the worker runs on the build's device
                 manifest["verification"] = record
                 timer.notes["verify"] = f"{len(record['probes'])} calls in a fresh process passed"
                 if "bench" in record:
@@ -190,8 +200,13 @@ def _release_cache(spec: BuildSpec, ingredients: dict[str, Any]) -> Path | None:
 
 
 def _check_device(device: str) -> None:
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
         raise ConfigError("target.device", device, "no CUDA device is available on this machine (use target=cpu)")
+    index, count = torch.device(device).index or 0, torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError("target.device", device, f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}")
 
 
 def _module_provenance(spec: BuildSpec) -> dict[str, Any]:

@@ -74,6 +74,10 @@ class TargetConfig:
     # default, -march=native, which ties a package to this CPU. release=true
     # uses x86-64-v3 when null.
     march: str | None = None
+    # CUDA float32 only: TensorFloat-32 matmuls and convolutions (faster, about
+    # 1e-3 relative error) in the build, its verification and every call of
+    # the loaded package; false keeps full float32 precision.
+    tf32: bool = False
 
 
 @dataclass
@@ -133,9 +137,10 @@ class BuildConfig:
     release: bool = False
     # Rebuild even when the artifact in place has this build key.
     force: bool = False
-    # CPU threads one build may use (torch, Inductor's compile workers, the
-    # verification process); null: all cores, or in a parallel sweep the
-    # cores divided among the concurrent jobs. Not part of the build key.
+    # CPU threads one build may use (Inductor's compile workers, the
+    # verification process); null: all cores, or in a parallel sweep the cores
+    # divided among the concurrent jobs. Not part of the build key: the code
+    # Inductor generates does not depend on it.
     threads: int | None = None
 
 

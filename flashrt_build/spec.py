@@ -41,7 +41,9 @@ DTYPES = {
     "bool": "bool",
 }
 FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
-DEVICES = ("cpu", "cuda")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+# TF32 keeps 10 mantissa bits, like float16: float32 builds that allow it get float16's tolerances.
+TF32_TOLERANCES = (1e-2, 1e-2)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -86,6 +88,7 @@ class BuildSpec:
     checkpoint: Path | None
     device: str
     dtype: str
+    tf32: bool | None  # None: not a CUDA target, torch's settings are left alone
     inductor_options: Mapping[str, Any]
     weights: WeightsMode
     output_root: Path
@@ -209,8 +212,11 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     check(_check_shared_dims, inputs)
 
     device = config["target"]["device"]
-    if device.split(":")[0] not in DEVICES:
-        problems.append(ConfigError("target.device", device, f"expected one of {list(DEVICES)}"))
+    if not _DEVICE.match(device):
+        problems.append(ConfigError("target.device", device, "expected cpu, cuda or cuda:INDEX"))
+    tf32 = bool(config["target"].get("tf32")) if device.startswith("cuda") else None
+    if config["target"].get("tf32") and not device.startswith("cuda"):
+        problems.append(ConfigError("target.tf32", True, "TF32 is a CUDA setting; use target=cuda or drop it"))
     dtype = check(canonical_dtype, "target.dtype", config["target"]["dtype"])
     if dtype is not None and dtype not in FLOAT_DTYPES:
         problems.append(ConfigError("target.dtype", dtype, f"expected a float dtype, one of {sorted(FLOAT_DTYPES)}"))
@@ -256,14 +262,15 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         checkpoint=checkpoint_path,
         device=device,
         dtype=dtype,
+        tf32=tf32,
         inductor_options=options,
         weights=WeightsMode(config["weights"]),
         output_root=(cwd / config["output_root"]).resolve(),
         output_dir=output_dir,
         seed=int(config["seed"]),
         verify=bool(verify["enabled"]),
-        atol=verify["atol"],
-        rtol=verify["rtol"],
+        atol=TF32_TOLERANCES[0] if verify["atol"] is None and tf32 and dtype == "float32" else verify["atol"],
+        rtol=TF32_TOLERANCES[1] if verify["rtol"] is None and tf32 and dtype == "float32" else verify["rtol"],
         repeat=int(verify["repeat"]),
         verify_timeout=float(verify["timeout"]),
         bench=bool(verify["bench"]),

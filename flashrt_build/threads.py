@@ -8,9 +8,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-# Read by torch's thread pools and by Inductor's compile workers at start-up;
-# inherited by the verification process.
-THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+# Inductor's compile workers, read at start-up. Not OMP_NUM_THREADS: Inductor
+# generates CPU kernels for the build process's thread count, so limiting it
+# would change the package (and make a parallel sweep's packages serial).
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+# Threads the verification process runs the package and eager with.
+RUN_THREADS_ENV = "FLASHRT_THREADS"
 
 # A parallel sweep runs at most this many builds at once by default: each holds
 # its model, the exported graph and a compiler in memory.
@@ -28,21 +31,27 @@ def default_parallel_jobs() -> int:
 
 
 def threads_env(threads: int) -> dict[str, str]:
-    """Environment limiting a process that has not imported torch yet."""
-    return {name: str(threads) for name in THREAD_ENV_VARS}
+    """Environment limiting a build process that has not imported torch yet."""
+    return {COMPILE_THREADS_ENV: str(threads), RUN_THREADS_ENV: str(threads)}
 
 
 def apply_threads(threads: int | None) -> None:
-    """Limit this process, and the processes it starts, to `threads` CPU threads."""
+    """Limit this build's compile workers and the processes it starts to
+    `threads` CPU threads; the code Inductor generates stays the same."""
     if not threads:
         return
     os.environ.update(threads_env(threads))
-    torch = sys.modules.get("torch")
-    if torch is not None:  # already started: tell its pools directly
-        import torch._inductor.config as inductor_config
+    if "torch._inductor.config" in sys.modules:  # already read the variable: tell it directly
+        sys.modules["torch._inductor.config"].compile_threads = threads
 
-        torch.set_num_threads(threads)
-        inductor_config.compile_threads = threads
+
+def limit_run_threads() -> None:
+    """In a verification process: run with the build's share of the cores."""
+    threads = os.environ.get(RUN_THREADS_ENV)
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
 
 
 def job_threads(launcher: Mapping[str, Any], cpus: int) -> int | None:

@@ -37,8 +37,14 @@ def gpu_of(device: str) -> dict[str, Any] | None:
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return None
     index = torch.device(device).index or 0
-    major, minor = torch.cuda.get_device_capability(index)
-    return {"name": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}"}
+    props = torch.cuda.get_device_properties(index)
+    return {
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "index": index,
+        "uuid": str(getattr(props, "uuid", "")) or None,  # which GPU of a multi-GPU host
+        "memory_gb": round(props.total_memory / 2**30, 1),
+    }
 
 
 def describe_toolchain(device: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,9 +17,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from .load import open_package
+from .threads import limit_run_threads
 
 
 def main(staging: Path, work: Path) -> None:
+    limit_run_threads()
     manifest = json.loads((work / "manifest.json").read_text())
     calls = torch.load(work / "calls.pt", weights_only=False)
     model = open_package(staging, manifest)

@@ -22,7 +22,7 @@ from flashrt_build.manifest import file_sha256, read_manifest
 from flashrt_build.spec import resolve_spec
 from flashrt_build.summary import SUMMARY_JSON, SUMMARY_MD, collect_rows, exit_code, render_markdown, summarize
 from flashrt_build.sweep import RECORD
-from flashrt_build.threads import available_cpus, job_threads
+from flashrt_build.threads import apply_threads, available_cpus, job_threads
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_CONF = Path(__file__).resolve().parent / "conf"  # once_per_process, export_fails
@@ -189,6 +189,20 @@ def test_once_per_process_fails_when_a_process_builds_it_twice() -> None:
 )
 def test_each_job_gets_its_share_of_the_cores(launcher: dict, cpus: int, expected: int | None) -> None:
     assert job_threads(launcher, cpus) == expected
+
+
+def test_a_thread_limit_bounds_compile_workers_not_the_generated_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)
+    for name in ("TORCHINDUCTOR_COMPILE_THREADS", "FLASHRT_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    apply_threads(1)
+    assert inductor_config.compile_threads == 1 and os.environ["FLASHRT_THREADS"] == "1"
+    # Inductor sizes its CPU kernels' parallel loops by this count: it must not change.
+    assert torch.get_num_threads() == before
 
 
 def test_threads_is_checked_and_changes_neither_key_nor_directory() -> None:

@@ -1,0 +1,287 @@
+"""Real models through flashrt_build against eager, torch.compile and the raw
+AOTInductor API, side by side in one process.
+
+    CXX=g++-12 python bench/gpu_models.py --module bert_base --profiles default,max_autotune
+    CXX=g++-12 python bench/gpu_models.py --module resnet50
+    CXX=g++-12 python bench/gpu_models.py --module llama_1b --weights external
+    python bench/gpu_models.py --module bert_tiny --target cpu --rounds 2   # a smoke run without a GPU
+
+1. Builds the flashrt_build packages (every profile x weights mode) with the
+   real CLI as one parallel sweep, verification included, while this process
+   exports the same seeded module with `torch.export.export` and compiles it
+   with `aoti_compile_and_package` (the raw API, default options).
+2. Loads every variant: the eager module, `torch.compile` (default mode), the
+   raw package (`aoti_load_package`), and each flashrt_build package through
+   `flashrt_build.load` (external ones twice: reading the sidecar, and bound to
+   the eager module's own tensors). Load time and device memory added.
+3. Times them alternately: `--rounds` rounds, each variant `--iters` calls
+   after warm-up, the order rotated every round. Median per call, the spread
+   of the round medians, p10/p90 of all calls.
+4. Writes JSON and a markdown table with the issue's goals checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import flashrt_build  # noqa: E402
+from flashrt_build.config import compose  # noqa: E402
+from flashrt_build.inputs import make_inputs  # noqa: E402
+from flashrt_build.module import instantiate_module  # noqa: E402
+from flashrt_build.spec import resolve_spec  # noqa: E402
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def device_used(device: str) -> int:
+    """Bytes in use on the device, by every allocator (AOTInductor's constants bypass torch's)."""
+    if not device.startswith("cuda"):
+        return 0
+    sync(device)
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def start_builds(args: argparse.Namespace, root: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "flashrt_build", "-m", f"+module={args.module}", f"target={args.target}"]
+    command += [f"weights={args.weights}", f"inductor={args.profiles}", f"output_root={root / 'out'}"]
+    command += [f"hydra.sweep.dir={root / 'sweep'}", "hydra/launcher=parallel", f"hydra.launcher.n_jobs={args.jobs}"]
+    log = open(root / "builds.log", "w")  # noqa: SIM115 - closed with the process
+    print("building:", " ".join(command[2:]), flush=True)
+    return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def raw_aoti(module: torch.nn.Module, example: Any, root: Path) -> tuple[Path, dict[str, float]]:
+    """The raw path a user would write: export, compile and package with defaults."""
+    start = time.perf_counter()
+    program = torch.export.export(module, example.args, example.kwargs, strict=False)
+    exported = time.perf_counter()
+    path = torch._inductor.aoti_compile_and_package(program, package_path=str(root / "raw.pt2"))
+    return Path(path), {"export": exported - start, "compile": time.perf_counter() - exported}
+
+
+def timed_load(device: str, load: Any) -> tuple[Any, float, int]:
+    before = device_used(device)
+    start = time.perf_counter()
+    runner = load()
+    sync(device)
+    seconds = time.perf_counter() - start
+    return runner, seconds, device_used(device) - before
+
+
+def time_calls(fn: Any, device: str, iters: int, warmup: int) -> list[float]:
+    """Milliseconds per call, each call timed alone."""
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn()
+        sync(device)
+        times = []
+        for _ in range(iters):
+            if device.startswith("cuda"):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(begin.elapsed_time(end))
+            else:
+                start = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--module", required=True)
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--profiles", default="default", help="comma list of conf/inductor profiles")
+    parser.add_argument("--weights", default="baked,external")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=3, help="flashrt_build builds at once")
+    parser.add_argument("--root", type=Path, default=Path("/tmp/flashrt-bench"))
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args()
+
+    root = args.root / args.module
+    root.mkdir(parents=True, exist_ok=True)
+    builds = start_builds(args, root)
+
+    spec = resolve_spec(compose([f"+module={args.module}", f"target={args.target}"]))
+    device = spec.device
+    module = instantiate_module(spec)  # seeded: the same weights as the packages
+    example = make_inputs(spec)  # the seeded example inputs the builds use, constant kwargs included
+    with torch.no_grad():
+        raw_path, raw_build = raw_aoti(module, example, root)
+    print(f"raw AOTInductor: export {raw_build['export']:.1f}s, compile {raw_build['compile']:.1f}s", flush=True)
+    code = builds.wait()
+    summary = json.loads((root / "sweep" / "sweep_summary.json").read_text())
+    if code != 0:
+        print((root / "builds.log").read_text()[-5000:])
+        raise SystemExit(f"flashrt_build sweep failed with exit code {code}")
+
+    def call(fn: Any) -> Any:
+        return lambda: fn(*example.args, **example.kwargs)
+
+    results: dict[str, dict[str, Any]] = {}
+    runners: dict[str, Any] = {}
+
+    def add(name: str, fn: Any, load_s: float | None, mem: int, build: dict | None, size: int | None) -> None:
+        runners[name] = fn
+        results[name] = {"load_s": load_s, "mem_added_mb": mem / 2**20, "build_s": build, "package_mb": size}
+
+    add("eager", call(module), None, 0, None, None)
+    compiled = torch.compile(module)
+    start = time.perf_counter()
+    with torch.no_grad():
+        call(compiled)()
+    sync(device)
+    add("torch.compile", call(compiled), None, 0, {"compile": time.perf_counter() - start}, None)
+
+    raw, seconds, mem = timed_load(device, lambda: torch._inductor.aoti_load_package(str(raw_path)))
+    add("raw AOTI", call(raw), seconds, mem, raw_build, raw_path.stat().st_size / 1e6)
+
+    for row in summary["rows"]:
+        out = Path(row["output_dir"])
+        profile = next(o.split("=")[1] for o in row["overrides"] if o.startswith("inductor="))
+        weights = row["weights"]["mode"]
+        name = f"flashrt {weights} {profile}"
+        loaded, seconds, mem = timed_load(device, lambda out=out: flashrt_build.load(out))
+        size = row["package"]["bytes"] / 1e6
+        add(name, call(loaded), seconds, mem, row["timings"], size)
+        if weights == "external":
+            bound, seconds, mem = timed_load(device, lambda out=out: flashrt_build.load(out, host=module))
+            add(f"{name}, eager's weights", call(bound), seconds, mem, None, size)
+    weight_mb = sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
+
+    names = list(runners)
+    with torch.no_grad():  # every variant computes what eager computes: the largest difference, recorded
+        reference = [t.float() for t in torch.utils._pytree.tree_leaves(runners["eager"]()) if torch.is_tensor(t)]
+        for name in names:
+            leaves = [t.float() for t in torch.utils._pytree.tree_leaves(runners[name]()) if torch.is_tensor(t)]
+            diffs = [(a - b).abs().max().item() for a, b in zip(leaves, reference, strict=False)]
+            results[name]["max_abs_err_vs_eager"] = max(diffs, default=float("nan"))
+    per_round: dict[str, list[float]] = {n: [] for n in names}
+    calls: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            times = time_calls(runners[name], device, args.iters, args.warmup)
+            per_round[name].append(statistics.median(times))
+            calls[name] += times
+        print(f"round {r + 1}: " + ", ".join(f"{n} {per_round[n][-1]:.3f}" for n in names), flush=True)
+    for name in names:
+        results[name]["latency_ms"] = {
+            "median": statistics.median(calls[name]),
+            "p10": percentile(calls[name], 0.1),
+            "p90": percentile(calls[name], 0.9),
+            "round_medians": per_round[name],
+        }
+
+    record = {
+        "module": args.module,
+        "target": {"device": device, "dtype": spec.dtype},
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+        "torch": torch.__version__,
+        "cxx": os.environ.get("CXX"),
+        "rounds": args.rounds,
+        "iters": args.iters,
+        "weights_mb": weight_mb,
+        "results": results,
+        "goals": goals(results, args.module, weight_mb),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"gpu_{args.module}" if device.startswith("cuda") else f"cpu_smoke_{args.module}"
+    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+    text = render(record)
+    (args.out / f"{stem}.md").write_text(text)
+    print(text)
+
+
+def goals(results: dict[str, dict[str, Any]], module: str, weight_mb: float) -> list[dict[str, Any]]:
+    """The issue's goals, each with the measured ratio and met or not."""
+    ms = {name: r["latency_ms"]["median"] for name, r in results.items()}
+    spread = {name: r["latency_ms"]["round_medians"] for name, r in results.items()}
+    flashrt = {n: v for n, v in ms.items() if n.startswith("flashrt") and "eager's" not in n}
+    checks = []
+    default = {n: v for n, v in flashrt.items() if n.endswith(" default")}
+    if default and "raw AOTI" in ms:
+        name = min(default, key=default.get)
+        ratio = ms[name] / ms["raw AOTI"]
+        noise = (max(spread["raw AOTI"]) - min(spread["raw AOTI"])) / ms["raw AOTI"]
+        within = ratio <= 1 + max(0.03, noise)
+        checks.append(goal(f"{name} as fast as raw AOTI (within noise {noise:.1%})", ratio, within))
+    best = min(flashrt, key=flashrt.get)
+    ratio = ms[best] / ms["torch.compile"]
+    checks.append(goal(f"{best} at least as fast as torch.compile", ratio, ratio <= 1.0))
+    if module == "bert_base":
+        speedup = ms["torch.compile"] / ms[best]
+        checks.append(goal(f"{best} at least 2x faster than torch.compile (speed-up)", speedup, speedup >= 2.0))
+    for name in results:
+        if name.endswith("eager's weights"):
+            added = results[name]["mem_added_mb"]
+            checks.append(goal(f"loading {name}: device memory added (MB; weights {weight_mb:.0f} MB)", added,
+                               added <= max(16.0, 0.01 * weight_mb)))  # fmt: skip
+    for name, value in flashrt.items():
+        baked = name.replace("external", "baked")
+        if "external" in name and baked in ms:
+            ratio = value / ms[baked]
+            checks.append(goal(f"{name} within 10% of {baked}", ratio, ratio <= 1.10))
+    return checks
+
+
+def goal(text: str, value: float, met: bool) -> dict[str, Any]:
+    return {"goal": text, "measured": round(value, 3), "met": bool(met)}
+
+
+def render(record: dict[str, Any]) -> str:
+    lines = [
+        f"### {record['module']} ({record['target']['dtype']}, {record['gpu'] or 'CPU'}, torch {record['torch']})",
+        "",
+        "| variant | median ms | round medians | p10-p90 | load s | device MB added | package MB | build s "
+        "| max err vs eager |",
+        "|---|---:|---|---|---:|---:|---:|---|---:|",
+    ]
+    for name, r in record["results"].items():
+        lat = r["latency_ms"]
+        rounds = ", ".join(f"{v:.3f}" for v in lat["round_medians"])
+        build = ", ".join(f"{k} {v:.1f}" for k, v in (r["build_s"] or {}).items())
+        load = f"{r['load_s']:.2f}" if r["load_s"] is not None else ""
+        size = f"{r['package_mb']:.1f}" if r["package_mb"] else ""
+        lines.append(
+            f"| {name} | {lat['median']:.3f} | {rounds} | {lat['p10']:.3f}-{lat['p90']:.3f} | {load} "
+            f"| {r['mem_added_mb']:.0f} | {size} | {build} | {r['max_abs_err_vs_eager']:.2g} |"
+        )
+    lines += ["", "| goal | measured | met |", "|---|---:|---|"]
+    lines += [f"| {g['goal']} | {g['measured']:.3f} | {'yes' if g['met'] else '**no**'} |" for g in record["goals"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
