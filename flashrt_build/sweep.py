@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import FlashrtError
+from .gpus import gpu_slot
 from .manifest import MANIFEST, read_manifest
 from .threads import available_cpus, job_threads, threads_env
 
@@ -54,23 +55,32 @@ def run_sweep_job(cfg: DictConfig) -> int:
     }
     _write_record(job_dir, record)
     start = time.perf_counter()
+    record["started_at"] = time.time()  # wall clock: a sweep's timeline across processes and GPUs
     try:
         spec, reused = reuse_config(cfg)  # torch-free: an up-to-date job costs a fraction of a second
         record.update(name=spec.name, output_dir=str(spec.output_dir))
         if reused is not None:
             outcome: dict[str, Any] = {"status": reused[0]}
         else:
-            outcome = _build_in_fresh_process(cfg, job_dir, threads, tag=f"[job {hydra.job.num}]")
+            with gpu_slot(spec.device) as gpu_env:  # one build per GPU at a time
+                record["gpu"] = (gpu_env or {}).get("FLASHRT_GPU")
+                record["build_started_at"] = time.time()
+                tag = f"[job {hydra.job.num}{'' if record['gpu'] is None else ' gpu ' + record['gpu']}]"
+                outcome = _build_in_fresh_process(cfg, job_dir, threads, tag, gpu_env or {})
+                record["build_finished_at"] = time.time()
     except FlashrtError as exc:
         log.error("%s: %s", type(exc).__name__, exc)
         outcome = failure(exc)
+    record["finished_at"] = time.time()
     record["wall_s"] = round(time.perf_counter() - start, 3)
     record.update(_row_fields(outcome, record.get("output_dir")))
     _write_record(job_dir, record)
     return int(record["exit_code"])
 
 
-def _build_in_fresh_process(cfg: DictConfig, job_dir: Path, threads: int | None, tag: str) -> dict[str, Any]:
+def _build_in_fresh_process(
+    cfg: DictConfig, job_dir: Path, threads: int | None, tag: str, extra_env: dict[str, str]
+) -> dict[str, Any]:
     """Run `python -m flashrt_build.job` on the job's resolved config, relaying
     its log lines (tagged with the job) into this job's log."""
     OmegaConf.save(cfg, job_dir / BUILD_CONFIG, resolve=True)
@@ -78,6 +88,7 @@ def _build_in_fresh_process(cfg: DictConfig, job_dir: Path, threads: int | None,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     if threads:
         env.update(threads_env(threads))
+    env.update(extra_env)  # the GPU this build holds, visible before CUDA starts
     process = subprocess.Popen(
         [sys.executable, "-m", "flashrt_build.job", str(job_dir)],
         env=env,

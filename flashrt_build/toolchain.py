@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import shutil
 import sys
@@ -44,6 +45,7 @@ def gpu_of(device: str) -> dict[str, Any] | None:
         "index": index,
         "uuid": str(getattr(props, "uuid", "")) or None,  # which GPU of a multi-GPU host
         "memory_gb": round(props.total_memory / 2**30, 1),
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # index is within these
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import flashrt_build
+from flashrt_build import gpus
 from flashrt_build.cli import variant_of
 from flashrt_build.config import compose
 from flashrt_build.errors import ConfigError
@@ -245,3 +246,60 @@ def test_summary_markdown_keeps_error_text_out_of_the_table_structure() -> None:
     table_row = next(line for line in markdown.splitlines() if line.startswith("| 0 |"))
     assert "a \\| b (+1 lines)" in table_row and table_row.count(" | ") == 11
     assert "second line" in markdown  # in full under Failures
+
+
+# ---- GPUs shared by the jobs of a sweep (a fake device count: no GPU needed) ----
+
+
+@pytest.fixture
+def gpu_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(gpus, "LOCK_DIR", tmp_path / "locks")
+    return tmp_path / "locks"
+
+
+def test_each_gpu_is_held_by_one_build_at_a_time(gpu_locks: Path) -> None:
+    waits: list[float] = []
+
+    def give_up(seconds: float) -> None:
+        waits.append(seconds)
+        raise TimeoutError
+
+    with gpus.gpu_slot("cpu", ["0", "1"]) as cpu:
+        assert cpu is None  # CPU targets hold no GPU
+    with gpus.gpu_slot("cuda", ["0", "1"]) as first, gpus.gpu_slot("cuda", ["0", "1"]) as second:
+        assert first == {"CUDA_VISIBLE_DEVICES": "0", "FLASHRT_GPU": "0"}
+        assert second == {"CUDA_VISIBLE_DEVICES": "1", "FLASHRT_GPU": "1"}
+        with pytest.raises(TimeoutError), gpus.gpu_slot("cuda", ["0", "1"], sleep=give_up):
+            pass  # both held: a third build waits
+        assert waits == [0.5]
+    with gpus.gpu_slot("cuda:1", ["0", "1"]) as pinned:
+        assert pinned == {"FLASHRT_GPU": "1"}  # an explicit index names its GPU itself
+        with gpus.gpu_slot("cuda", ["0", "1"]) as other:
+            assert other is not None and other["FLASHRT_GPU"] == "0"
+
+
+def test_visible_gpus_from_a_fake_count_or_the_visible_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLASHRT_GPUS", "3")
+    assert gpus.visible_gpus() == ["0", "1", "2"]
+    monkeypatch.delenv("FLASHRT_GPUS")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
+    assert gpus.visible_gpus() == ["2", "5"]
+
+
+@pytest.mark.slow
+def test_a_parallel_cuda_sweep_spreads_jobs_over_the_gpus_one_at_a_time(tmp_path: Path) -> None:
+    """Four CUDA jobs, three at once, two (fake) GPUs. Without a GPU every build
+    fails at its device check, after holding its GPU: the records show which
+    GPU each job held and when."""
+    env = {**os.environ, "FLASHRT_GPUS": "2"}
+    command = [sys.executable, "-m", "flashrt_build", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=3"]
+    command += ["+module=mlp", "target=cuda", "seed=1,2,3,4"]
+    command += [f"output_root={tmp_path}", f"hydra.sweep.dir={tmp_path}/s"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]  # no CUDA here: a config error per job
+    rows = json.loads((tmp_path / "s" / SUMMARY_JSON).read_text())["rows"]
+    assert len(rows) == 4 and {row["gpu"] for row in rows} == {"0", "1"}
+    assert all("no CUDA device" in row["error"]["message"] for row in rows)
+    for gpu in ("0", "1"):
+        spans = sorted((row["build_started_at"], row["build_finished_at"]) for row in rows if row["gpu"] == gpu)
+        assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False)), spans
