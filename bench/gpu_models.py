@@ -67,7 +67,8 @@ def start_builds(args: argparse.Namespace, root: Path) -> subprocess.Popen:
     command += [f"hydra.sweep.dir={root / 'sweep'}", "hydra/launcher=parallel", f"hydra.launcher.n_jobs={args.jobs}"]
     log = open(root / "builds.log", "w")  # noqa: SIM115 - closed with the process
     print("building:", " ".join(command[2:]), flush=True)
-    return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "FLASHRT_BUILDS_PER_GPU": str(args.jobs)}  # builds share the GPU: compiling is CPU work
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def raw_aoti(module: torch.nn.Module, example: Any, root: Path) -> tuple[Path, dict[str, float]]:
@@ -211,6 +212,7 @@ def main() -> None:
         "torch": torch.__version__,
         "cxx": os.environ.get("CXX"),
         "rounds": args.rounds,
+        "concurrent_builds": args.jobs,
         "iters": args.iters,
         "weights_mb": weight_mb,
         "results": results,

@@ -24,6 +24,10 @@ log = logging.getLogger("flashrt_build")
 LOCK_DIR = Path(tempfile.gettempdir()) / "flashrt_build-gpus"
 # A GPU count to assume instead of asking the driver: dry runs and tests.
 FAKE_GPUS_ENV = "FLASHRT_GPUS"
+# Builds that may share one GPU (default 1). Compiling is mostly CPU work, so
+# a machine with many cores and one GPU builds faster with 2-4; autotuning
+# (max_autotune) then times kernels on a shared GPU.
+BUILDS_PER_GPU_ENV = "FLASHRT_BUILDS_PER_GPU"
 
 
 def visible_gpus() -> list[str]:
@@ -63,11 +67,13 @@ def gpu_slot(
         return
     index = _device_index(device)
     candidates = [gpus[index]] if index is not None and index < len(gpus) else gpus
+    per_gpu = int(os.environ.get(BUILDS_PER_GPU_ENV) or 1)
     LOCK_DIR.mkdir(parents=True, exist_ok=True)
     waited = False
     while True:
-        for gpu in candidates:
-            handle = open(LOCK_DIR / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', gpu)}.lock", "w")  # noqa: SIM115
+        for slot, gpu in ((slot, gpu) for slot in range(per_gpu) for gpu in candidates):  # spread over GPUs first
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", gpu) + (f"-{slot}" if slot else "")
+            handle = open(LOCK_DIR / f"gpu-{name}.lock", "w")  # noqa: SIM115
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
