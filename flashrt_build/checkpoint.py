@@ -74,12 +74,15 @@ def required(entry: Mapping[str, Any]) -> bool:
     return entry["kind"] == "parameter" or (entry["kind"] == "buffer" and entry.get("persistent", True))
 
 
-def match_names(entries: list[Mapping[str, Any]], names: Iterable[str]) -> tuple[dict[str, str], list[str], list[str]]:
+def match_names(
+    entries: list[Mapping[str, Any]], names: Iterable[str], unused: Iterable[str] = ()
+) -> tuple[dict[str, str], list[str], list[str]]:
     """Pair package FQNs with a checkpoint's names (its own, its export name, or
-    a tied alias). Returns (fqn -> checkpoint name, missing fqns, unexpected names)."""
+    a tied alias); names the graph never reads (`unused`) are neither bound nor
+    unexpected. Returns (fqn -> checkpoint name, missing fqns, unexpected names)."""
     names = set(names)
     chosen: dict[str, str] = {}
-    known: set[str] = set()
+    known: set[str] = set(unused)
     for entry in entries:
         candidates = [entry["fqn"], entry.get("source"), *entry.get("aliases", [])]
         known.update(c for c in candidates if c)
@@ -96,9 +99,10 @@ def compare(
     table: Mapping[str, tuple[list[int], str]],
     device: torch.device | None = None,
     devices: Mapping[str, torch.device] | None = None,
+    unused: Iterable[str] = (),
 ) -> tuple[dict[str, str], dict[str, list[str]]]:
     """Every difference between a package's tensors and a checkpoint, by kind."""
-    chosen, missing, unexpected = match_names(entries, table)
+    chosen, missing, unexpected = match_names(entries, table, unused)
     by_fqn = {e["fqn"]: e for e in entries}
     problems: dict[str, list[str]] = {"missing": missing, "unexpected": unexpected}
     for fqn, name in sorted(chosen.items()):
@@ -123,7 +127,8 @@ def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str
     manifest = read_manifest(Path(output_dir))
     if not Path(checkpoint).is_file():
         raise ConfigError("checkpoint", str(checkpoint), "no such file")
-    _, problems = compare(manifest["weights"]["tensors"], checkpoint_table(Path(checkpoint)))
+    weights = manifest["weights"]
+    _, problems = compare(weights["tensors"], checkpoint_table(Path(checkpoint)), unused=weights.get("unused", []))
     return problems
 
 

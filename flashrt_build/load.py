@@ -186,7 +186,7 @@ def open_package(
         tensors = {name: t for name, t in tensors.items() if name not in threaded}  # bound as state, below
         table = {name: (list(t.shape), dtype_name(t.dtype)) for name, t in tensors.items()}
         devices = {name: t.device for name, t in tensors.items()}
-        chosen, problems = compare(entries, table, device, devices)
+        chosen, problems = compare(entries, table, device, devices, manifest["weights"].get("unused", []))
         if problems:
             raise WeightsMismatch(problems, source)
         bound = {fqn: tensors[name] for fqn, name in chosen.items()}

@@ -125,7 +125,8 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
                 compile_package(program, options, package_path, spec.target, _release_cache(spec, ingredients))
         with timer.stage("package"):
             fqns = package_constant_fqns(package_path)
-            tensors, inlined = match_package_tensors(program, fqns, spec.target, exported.prefix, exported.state)
+            matched = match_package_tensors(program, fqns, spec.target, exported.prefix, exported.state)
+            tensors, inlined, unused = matched
             weights: dict[str, Any] = {"mode": spec.weights.value, "file": None, "sha256": None}
             if spec.weights is WeightsMode.external:
                 sidecar = write_sidecar(staging / SIDECAR, tensors)
@@ -149,6 +150,8 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
                 "tensors": [t.to_json() for t in tensors],
                 # constants of the forward's code that Inductor compiled into the kernels
                 "inlined": [t.to_json() for t in inlined],
+                # module tensors the graph never reads: accepted in a checkpoint, not bound
+                "unused": unused,
             },
             "state": state,
             "inputs": [inp.to_json() for inp in spec.inputs],

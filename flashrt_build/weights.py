@@ -91,8 +91,10 @@ def match_package_tensors(
     target: str,
     prefix: str = "",
     state: Iterable[str] = (),
-) -> tuple[list[WeightTensor], list[InlinedTensor]]:
-    """Pair each name the package binds with its tensor in the exported program."""
+) -> tuple[list[WeightTensor], list[InlinedTensor], list[str]]:
+    """Pair each name the package binds with its tensor in the exported program;
+    also returns the code constants Inductor inlined and the names of module
+    tensors the graph never reads (neither bound nor needed)."""
     package_fqns = list(package_fqns)
     # Threaded state buffers are inputs of the package, not constants it binds.
     threaded = {prefix + name for name in state}
@@ -124,8 +126,13 @@ def match_package_tensors(
     # package lost is an error.
     sources = {prefix + w.source for w in matched.values()} | {w.source for w in matched.values()}
     inlined: list[InlinedTensor] = []
+    unused = unused_inputs(program)
+    dropped: list[str] = []
     for name, kind, tensor in tensors:
         if name in sources:
+            continue
+        if name in unused:  # the graph never reads it (BatchNorm's num_batches_tracked in eval)
+            dropped.append(name.removeprefix(prefix))
             continue
         owner = next((w for w in matched.values() if _same_storage(w.tensor, tensor)), None)
         if owner is not None:
@@ -137,7 +144,17 @@ def match_package_tensors(
                 f"the package of {target} does not bind {kind} '{name}' {list(tensor.shape)}: Inductor "
                 "inlined or dropped it, so it could not be listed or replaced"
             )
-    return [matched[fqn] for fqn in sorted(matched)], inlined
+    return [matched[fqn] for fqn in sorted(matched)], inlined, sorted(dropped)
+
+
+def unused_inputs(program: torch.export.ExportedProgram) -> set[str]:
+    """Parameters, buffers and constants the exported graph never reads."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    return {
+        spec.target
+        for spec in program.graph_signature.input_specs
+        if spec.target is not None and not placeholders[spec.arg.name].users
+    }
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -110,3 +110,15 @@ class OncePerProcess(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.fc(x))
+
+
+class WithBatchNorm(nn.Module):
+    """BatchNorm in eval mode never reads its `num_batches_tracked` buffer (ResNet's case)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.fc(x))

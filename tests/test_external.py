@@ -200,3 +200,25 @@ def test_load_refuses_an_altered_sidecar(mlp_external_build: flashrt_build.Build
     (copy / "weights.safetensors").write_bytes(bytes(data))
     with pytest.raises(flashrt_build.ArtifactError, match=r"weights.safetensors \(the weights\) was altered"):
         flashrt_build.load(copy)
+
+
+@pytest.mark.slow
+def test_a_buffer_the_graph_never_reads_is_recorded_and_accepted(tmp_path: Path) -> None:
+    """BatchNorm's num_batches_tracked (all of torchvision's ResNets): Inductor
+    drops it; the build records it as unused and checkpoints may carry it."""
+    conf = Path(__file__).resolve().parent / "conf"
+    out = tmp_path / "bn"
+    cfg = compose(["+module=batchnorm", "weights=external", f"output_dir={out}", f"output_root={tmp_path}"], conf)
+    result = flashrt_build.build(cfg)
+    weights = result.manifest["weights"]
+    assert weights["unused"] == ["bn.num_batches_tracked"]
+    assert "bn.num_batches_tracked" not in {t["fqn"] for t in weights["tensors"]}
+    assert {"bn.running_mean", "bn.running_var"} <= {t["fqn"] for t in weights["tensors"]}
+    host = instantiate_module(resolve_spec(cfg))
+    model = flashrt_build.load(out, host=host)  # the host's full state dict, num_batches_tracked included
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), host(x))
+    checkpoint = tmp_path / "full.safetensors"
+    save_file({k: v.contiguous() for k, v in host.state_dict().items()}, str(checkpoint))
+    assert check_checkpoint(out, checkpoint) == {}
