@@ -164,6 +164,19 @@ def test_submitit_local_sweep(sweep_root: Path) -> None:
     assert (sweep_root / "submitit" / ".submitit").is_dir()  # submitit really submitted the jobs
 
 
+@pytest.mark.slow
+def test_glob_sweeps_every_matching_module_and_a_config_error_fails_only_its_job(tmp_path: Path) -> None:
+    # An unimportable target is refused before any build starts: every job fails fast, none stops the others.
+    result, summary = sweep(
+        tmp_path / "s", tmp_path / "out", "+module=glob(*_tiny)", "module.model._target_=nope.A,nope.B"
+    )
+    assert result.returncode == 2
+    rows = {" ".join(row["overrides"][:2]): row for row in summary["rows"]}
+    expected = {f"+module={m} module.model._target_=nope.{t}" for m in ("bert_tiny", "gpt2_tiny") for t in "AB"}
+    assert set(rows) == expected and summary["counts"]["failed"] == 4
+    assert all(row["exit_code"] == 2 and "module.model._target_" in row["error"]["message"] for row in rows.values())
+
+
 def test_once_per_process_fails_when_a_process_builds_it_twice() -> None:
     """The isolation test's module does detect a shared process."""
     import modules
