@@ -131,12 +131,11 @@ def match_package_tensors(
     for name, kind, tensor in tensors:
         if name in sources:
             continue
-        if name in unused:  # the graph never reads it (BatchNorm's num_batches_tracked in eval)
-            dropped.append(name.removeprefix(prefix))
-            continue
         owner = next((w for w in matched.values() if _same_storage(w.tensor, tensor)), None)
-        if owner is not None:
+        if owner is not None:  # export routes a tied weight's uses through one name
             owner.aliases.append(name.removeprefix(prefix))
+        elif name in unused and kind != "constant":  # never read: BatchNorm's num_batches_tracked in eval
+            dropped.append(name.removeprefix(prefix))
         elif kind == "constant":
             inlined.append(InlinedTensor(name.removeprefix(prefix), tensor))
         else:

@@ -88,7 +88,7 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
         }
     ]
     assert m["outputs"] == [{"shape": ["batch", 8], "dtype": "float32"}]
-    assert m["target"] == {"device": "cpu", "dtype": "float32"}
+    assert m["target"] == {"device": "cpu", "dtype": "float32", "tf32": None}
     assert m["inductor"]["options"]["always_keep_tensor_constants"] is True
     assert m["release"] is False
     assert m["config"]["module"]["name"] == "mlp" and len(m["config_sha256"]) == 64
