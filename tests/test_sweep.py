@@ -316,3 +316,28 @@ def test_a_parallel_cuda_sweep_spreads_jobs_over_the_gpus_one_at_a_time(tmp_path
     for gpu in ("0", "1"):
         spans = sorted((row["build_started_at"], row["build_finished_at"]) for row in rows if row["gpu"] == gpu)
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False)), spans
+
+
+@pytest.mark.parametrize(
+    ("launcher", "target", "expected"),
+    [
+        ("parallel", "JoblibLauncher", {"n_jobs": min(available_cpus(), 8)}),
+        ("slurm", "SlurmLauncher", {"gpus_per_node": 1, "cpus_per_task": 8, "array_parallelism": 16, "mem_gb": 64}),
+        ("slurm_local", "LocalLauncher", {"cpus_per_task": 1, "gpus_per_node": 0}),
+    ],
+)
+def test_shipped_launcher_configs_compose_onto_the_plugins(launcher: str, target: str, expected: dict) -> None:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import flashrt_build.cli  # noqa: F401  registers the resolver parallel.yaml uses
+    from flashrt_build.config import CONF_DIR
+    from flashrt_build.schema import register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=["+module=mlp", f"hydra/launcher={launcher}"], return_hydra_config=True)
+    resolved = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert resolved["_target_"].endswith(target)
+    assert {key: resolved[key] for key in expected} == expected
