@@ -8,7 +8,6 @@ HYDRA_FULL_ERROR=1) for the traceback.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 import warnings
@@ -20,16 +19,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .config import CONF_DIR
+from .key import COSMETIC_KEYS
 from .schema import register_schema
-from .threads import apply_threads, default_parallel_jobs
+from .threads import default_parallel_jobs
 
 log = logging.getLogger("flashrt_build")
 
-# Overrides that pick a group or say where to build; any other override makes
-# a variant that gets its own output directory.
-_NAMING_KEYS = {
-    *("module", "target", "inductor", "weights", "output_root", "output_dir", "variant", "verify", "force", "threads")
-}
+# Overrides that pick a group, or say where to build and how to check it (the
+# key's cosmetic keys); any other override makes a variant with its own directory.
+_NAMING_KEYS = {"module", "target", "inductor", "weights", *COSMETIC_KEYS}
 
 # Exit codes of the jobs this process ran (one in a run, several in a sweep).
 _job_codes: list[int] = []
@@ -54,7 +52,7 @@ def variant_of(overrides: list[str]) -> str | None:
 
 def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
-    from .errors import FlashrtError
+    from .errors import FlashrtError, log_failure
 
     if cfg.get("variant") is None and HydraConfig.initialized():
         with open_dict(cfg):
@@ -68,15 +66,12 @@ def run_job(cfg: DictConfig) -> int:
 
         if reuse_config(cfg)[1] is not None:
             return 0
-        apply_threads(cfg.get("threads"))  # before torch starts its thread pools
         from .pipeline import build  # torch is imported only when there is work to do
 
         build(cfg)
         return 0
     except FlashrtError as exc:
-        if os.environ.get("FLASHRT_TRACEBACK") or os.environ.get("HYDRA_FULL_ERROR"):
-            log.exception("build failed")
-        log.error("%s: %s", type(exc).__name__, exc)
+        log_failure(log, exc)
         return exc.exit_code
 
 

@@ -6,6 +6,9 @@ the CLI can print it as one line without a traceback.
 
 from __future__ import annotations
 
+import logging
+import os
+
 
 class FlashrtError(Exception):
     """Base class of every error flashrt_build raises on purpose."""
@@ -76,6 +79,14 @@ class WeightsMismatch(FlashrtError):
 
 class ArtifactError(FlashrtError):
     """A built artifact is missing, incomplete or altered since its build."""
+
+
+def log_failure(log: logging.Logger, exc: BaseException) -> None:
+    """A failed build's one line (with its traceback when FLASHRT_TRACEBACK or
+    HYDRA_FULL_ERROR is set), however the build was run."""
+    if os.environ.get("FLASHRT_TRACEBACK") or os.environ.get("HYDRA_FULL_ERROR"):
+        log.error("build failed", exc_info=exc)
+    log.error("%s: %s", type(exc).__name__, exc)
 
 
 def first_lines(exc: BaseException, n: int = 3) -> str:

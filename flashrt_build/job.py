@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .cli import quiet_known_warnings
-from .errors import FlashrtError
+from .errors import FlashrtError, log_failure
 from .sweep import BUILD_CONFIG, BUILD_RESULT, failure
 
 log = logging.getLogger("flashrt_build")
@@ -34,9 +33,7 @@ def main(job_dir: Path) -> int:
 
         outcome = {"status": build(cfg).status}
     except FlashrtError as exc:
-        if os.environ.get("FLASHRT_TRACEBACK") or os.environ.get("HYDRA_FULL_ERROR"):
-            log.exception("build failed")
-        log.error("%s: %s", type(exc).__name__, exc)
+        log_failure(log, exc)
         outcome = failure(exc)
     except Exception as exc:  # not raised on purpose: a bug, reported as this job's failure
         log.exception("unexpected error")

@@ -23,7 +23,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import FlashrtError
+from .errors import FlashrtError, log_failure
 from .gpus import gpu_slot
 from .manifest import MANIFEST, read_manifest
 from .threads import available_cpus, job_threads, threads_env
@@ -69,7 +69,7 @@ def run_sweep_job(cfg: DictConfig) -> int:
                 outcome = _build_in_fresh_process(cfg, job_dir, threads, tag, gpu_env or {})
                 record["build_finished_at"] = time.time()
     except FlashrtError as exc:
-        log.error("%s: %s", type(exc).__name__, exc)
+        log_failure(log, exc)
         outcome = failure(exc)
     record["finished_at"] = time.time()
     record["wall_s"] = round(time.perf_counter() - start, 3)
