@@ -77,15 +77,16 @@ def check_cuda(spec: BuildSpec) -> list[Check]:
     import torch
     from torch.utils.cpp_extension import CUDA_HOME
 
-    if not torch.cuda.is_available():
-        why = "torch is a CPU build" if torch.version.cuda is None else "no CUDA device is visible"
-        return [Check("CUDA device", False, why, "run on a GPU machine, or use target=cpu")]
-    index = torch.device(spec.device).index or 0
-    if index >= torch.cuda.device_count():
-        return [Check("CUDA device", False, f"{spec.device} does not exist ({torch.cuda.device_count()} devices)")]
-    major, minor = torch.cuda.get_device_capability(index)
-    name = torch.cuda.get_device_name(index)
-    checks = [Check("CUDA device", True, f"{spec.device}: {name}, compute capability {major}.{minor}")]
+    from .gpu import check_device
+    from .toolchain import gpu_of
+
+    try:
+        check_device(spec.device)  # what a build would refuse
+    except ConfigError as exc:
+        return [Check("CUDA device", False, exc.expected, "run on a GPU machine, or use target=cpu")]
+    gpu = gpu_of(spec.device)
+    assert gpu is not None
+    checks = [Check("CUDA device", True, f"{spec.device}: {gpu['name']}, compute capability {gpu['capability']}")]
     header = Path(CUDA_HOME or "/usr/local/cuda") / "include" / "cuda_runtime_api.h"
     if not header.is_file():
         fix = "install the CUDA toolkit (its headers) and set CUDA_HOME"

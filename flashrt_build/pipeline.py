@@ -20,9 +20,8 @@ from . import __version__
 from .cache import check_up_to_date, reuse
 from .checkpoint import dtype_name
 from .config import as_build_config
-from .errors import ConfigError
 from .export import export_module
-from .gpu import fp32_precision
+from .gpu import check_device, fp32_precision
 from .inputs import dynamic_shapes, make_inputs
 from .key import build_keys, key_ingredients
 from .manifest import (
@@ -70,7 +69,7 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     spec = resolve_spec(as_build_config(cfg), cwd)
     apply_threads(spec.threads)
     options = validate_inductor_options(spec.inductor_options, spec.weights)
-    _check_device(spec.device)
+    check_device(spec.device)
     check_writable(spec.output_dir)
     ingredients = key_ingredients(spec, gpu_of(spec.device))
     keys = build_keys(ingredients)
@@ -200,16 +199,6 @@ def _release_cache(spec: BuildSpec, ingredients: dict[str, Any]) -> Path | None:
     if not spec.release:
         return None
     return Path(tempfile.gettempdir()) / "flashrt_build-release" / canonical_sha256(ingredients["config"])[:16]
-
-
-def _check_device(device: str) -> None:
-    if not device.startswith("cuda"):
-        return
-    if not torch.cuda.is_available():
-        raise ConfigError("target.device", device, "no CUDA device is available on this machine (use target=cpu)")
-    index, count = torch.device(device).index or 0, torch.cuda.device_count()
-    if index >= count:
-        raise ConfigError("target.device", device, f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}")
 
 
 def _module_provenance(spec: BuildSpec) -> dict[str, Any]:
