@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .checkpoint import check_checkpoint
-from .errors import FlashrtError, print_listing
+from .errors import command_verdict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,16 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("checkpoint", type=Path)
     args = parser.parse_args(argv)
-    try:
-        problems = check_checkpoint(args.output_dir, args.checkpoint)
-    except FlashrtError as exc:  # a ConfigError exits 2, any other failure 1
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    if not problems:
-        print(f"{args.checkpoint} fits {args.output_dir}")
-        return 0
-    print_listing(f"{args.checkpoint} does not fit {args.output_dir}:", problems)
-    return 1
+    return command_verdict(
+        lambda: check_checkpoint(args.output_dir, args.checkpoint),
+        f"{args.checkpoint} fits {args.output_dir}",
+        f"{args.checkpoint} does not fit {args.output_dir}:",
+    )
 
 
 if __name__ == "__main__":

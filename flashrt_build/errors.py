@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from collections.abc import Callable
 
 
 class FlashrtError(Exception):
@@ -95,9 +97,21 @@ def first_lines(exc: BaseException, n: int = 3) -> str:
     return " | ".join(lines[:n]) or type(exc).__name__
 
 
-def print_listing(header: str, listing: dict[str, list[str]]) -> None:
-    """A command's verdict and one indented line per item: `  kind: item`."""
-    print(header)
-    for kind, items in listing.items():
+def command_verdict(check: Callable[[], dict[str, list[str]]], passed: str, failed: str) -> int:
+    """Run a checking command's check and print its verdict: exit 0 and
+    `passed` when it finds nothing; 1, `failed` and one line per finding
+    (`  kind: item`) when it does; the error's exit code when it cannot check
+    (a ConfigError 2)."""
+    try:
+        findings = check()
+    except FlashrtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if not findings:
+        print(passed)
+        return 0
+    print(failed)
+    for kind, items in findings.items():
         for item in items:
             print(f"  {kind}: {item}")
+    return 1

@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import ConfigError, FlashrtError, print_listing
+from .errors import ConfigError, command_verdict
 from .manifest import file_sha256, read_manifest
 
 log = logging.getLogger("flashrt_build")
@@ -68,16 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output_dir", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        differences = reproduce(args.output_dir)
-    except FlashrtError as exc:  # a ConfigError exits 2, any other failure 1
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    if not differences:
-        print(f"reproduced: every file of {args.output_dir} is byte-identical")
-        return 0
-    print_listing(f"not reproduced: {args.output_dir} differs from its rebuild", differences)
-    return 1
+    return command_verdict(
+        lambda: reproduce(args.output_dir),
+        f"reproduced: every file of {args.output_dir} is byte-identical",
+        f"not reproduced: {args.output_dir} differs from its rebuild",
+    )
 
 
 if __name__ == "__main__":
