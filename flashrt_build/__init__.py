@@ -39,7 +39,9 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
+        module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
+        # Every export of that module at once: importing `.load` set the
+        # package's `load` to the module, which the function must replace.
+        globals().update({n: getattr(module, n) for n, m in _EXPORTS.items() if m == _EXPORTS[name]})
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -88,7 +88,7 @@ class BuildSpec:
     checkpoint: Path | None
     device: str
     dtype: str
-    tf32: bool | None  # None: not a CUDA target, torch's settings are left alone
+    tf32: bool | None  # None: not a float32 CUDA target, torch's settings are left alone
     inductor_options: Mapping[str, Any]
     weights: WeightsMode
     output_root: Path
@@ -123,6 +123,13 @@ def profile_options(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("release"):
         options["aot_inductor.enable_line_tables"] = False
     return options
+
+
+def tf32_policy(device: str, dtype: str | None, tf32: bool | None) -> bool | None:
+    """The float32 precision a target's calls run under: TF32 on or off for a
+    float32 CUDA target; None for any other, whose calls leave torch's flags
+    alone (bf16 and fp16 matmuls never read them)."""
+    return bool(tf32) if device.startswith("cuda") and dtype == "float32" else None
 
 
 def allowed_targets(config: Mapping[str, Any]) -> list[str]:
@@ -214,12 +221,16 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     device = config["target"]["device"]
     if not _DEVICE.match(device):
         problems.append(ConfigError("target.device", device, "expected cpu, cuda or cuda:INDEX"))
-    tf32 = bool(config["target"].get("tf32")) if device.startswith("cuda") else None
-    if config["target"].get("tf32") and not device.startswith("cuda"):
-        problems.append(ConfigError("target.tf32", True, "TF32 is a CUDA setting; use target=cuda or drop it"))
     dtype = check(canonical_dtype, "target.dtype", config["target"]["dtype"])
     if dtype is not None and dtype not in FLOAT_DTYPES:
         problems.append(ConfigError("target.dtype", dtype, f"expected a float dtype, one of {sorted(FLOAT_DTYPES)}"))
+    if config["target"].get("tf32") and not device.startswith("cuda"):
+        problems.append(ConfigError("target.tf32", True, "TF32 is a CUDA setting; use target=cuda or drop it"))
+    elif config["target"].get("tf32") and dtype not in (None, "float32"):
+        problems.append(
+            ConfigError("target.tf32", True, f"TF32 applies to float32 targets; target.dtype is {dtype}, drop it")
+        )
+    tf32 = tf32_policy(device, dtype, config["target"].get("tf32"))
 
     checkpoint = module.get("checkpoint")
     checkpoint_path = (cwd / checkpoint) if checkpoint else None

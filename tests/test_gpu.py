@@ -8,7 +8,9 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,8 +37,10 @@ def test_cuda_device_index_and_tf32_are_validated() -> None:
     assert spec.device == "cuda:1" and spec.tf32 is False
     tf32 = resolve_spec(compose(["+module=mlp", "target=cuda", "target.dtype=float32", "target.tf32=true"]))
     assert tf32.tf32 is True and (tf32.atol, tf32.rtol) == TF32_TOLERANCES  # TF32's precision, float16's tolerances
-    bf16 = resolve_spec(compose(["+module=mlp", "target=cuda", "target.tf32=true"]))
-    assert bf16.atol is None  # bfloat16 keeps its own default
+    bf16 = resolve_spec(compose(["+module=mlp", "target=cuda"]))
+    assert bf16.tf32 is None and bf16.atol is None  # bf16 calls leave the float32 flags alone
+    with pytest.raises(ConfigError, match="'target.tf32' = True: TF32 applies to float32 targets; target.dtype is bf"):
+        resolve_spec(compose(["+module=mlp", "target=cuda", "target.tf32=true"]))
     assert resolve_spec(compose(["+module=mlp"])).tf32 is None  # CPU: torch's settings untouched
     with pytest.raises(ConfigError, match="'target.device' = 'cuda:x'"):
         resolve_spec(compose(["+module=mlp", "target=cuda", "target.device=cuda:x"]))
@@ -63,6 +67,64 @@ def test_fp32_precision_sets_and_restores_torch_settings() -> None:
     assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision) == before
     with fp32_precision(None):
         assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision) == before
+
+
+def flags() -> tuple[str, str]:
+    return torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision
+
+
+def test_fp32_precision_is_safe_when_threads_call_at_once() -> None:
+    """The flags are process-wide: a thread leaving must not restore them under
+    another still inside, and a thread wanting another policy waits."""
+    before = flags()
+    a_inside, b_inside, a_left = (threading.Event() for _ in range(3))
+    seen: dict[str, tuple[Any, Any]] = {}
+
+    def a() -> None:
+        with fp32_precision(True):
+            a_inside.set()
+            b_inside.wait(10)
+        a_left.set()
+
+    def b() -> None:
+        a_inside.wait(10)
+        with fp32_precision(True):
+            b_inside.set()
+            a_left.wait(10)
+            seen["b after a left"] = flags()  # a restored nothing: b is still inside
+
+    def c() -> None:
+        b_inside.wait(10)
+        with fp32_precision(False):  # another policy: waits for a and b to leave
+            seen["c"] = flags()
+            seen["c after b"] = ("b after a left" in seen,) * 2  # b recorded it before leaving
+
+    threads = [threading.Thread(target=f) for f in (a, b, c)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert seen == {"b after a left": ("tf32", "tf32"), "c": ("ieee", "ieee"), "c after b": (True, True)}
+    assert flags() == before
+
+
+def test_only_float32_cuda_packages_touch_the_precision_flags(mlp_build: flashrt_build.BuildResult) -> None:
+    manifest = json.loads((mlp_build.output_dir / "manifest.json").read_text())
+    for dtype, tf32, policy in (("bfloat16", False, None), ("float16", False, None), ("float32", True, True)):
+        # tf32 False is what bf16 manifests said before: still no policy
+        target = {"device": "cuda", "dtype": dtype, "tf32": tf32}
+        loaded = flashrt_build.LoadedModule(None, {**manifest, "target": target}, mlp_build.output_dir, device="cuda")
+        assert loaded._tf32 is policy, dtype
+    model = flashrt_build.load(mlp_build.output_dir)
+    seen: list[tuple[str, str]] = []
+    direct = model._direct
+    model._direct = lambda inputs, state: (seen.append(flags()), direct(inputs, state))[1]
+    x = torch.randn(4, 16)
+    with fp32_precision(True):  # the caller's own setting: a package without a policy keeps it
+        model(x)
+    model._tf32 = False
+    model(x)
+    assert seen == [("tf32", "tf32"), ("ieee", "ieee")]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the verdict on a machine without a GPU")
