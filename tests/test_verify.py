@@ -96,7 +96,7 @@ def test_a_package_that_differs_from_eager_fails_and_publishes_nothing(tmp_path:
     (out / "manifest.json").write_text('{"previous": "good artifact"}')
     result = cli("--config-dir", str(conf), "+module=liar", f"output_dir={out}", f"output_root={tmp_path}")
     assert result.returncode == 1
-    assert "VerifyError: package output output differs from eager at example: max_abs_err=0.5 (atol 0.0001)" in (
+    assert "VerifyError: package output output differs from eager at example: max_abs_err=0.5 (verify.atol 0.0001)" in (
         result.stderr
     )
     assert json.loads((out / "manifest.json").read_text()) == {"previous": "good artifact"}
@@ -111,7 +111,7 @@ def test_an_impossible_tolerance_fails_the_build(tmp_path: Path) -> None:
     )
     if result.returncode == 0:
         pytest.skip("the package matched eager bit for bit: no tolerance is impossible")
-    assert result.returncode == 1 and "(atol 0)" in result.stderr and "rtol 1e-300" in result.stderr
+    assert result.returncode == 1 and "(verify.atol 0)" in result.stderr and "verify.rtol 1e-300" in result.stderr
     assert [p.name for p in (tmp_path / "bert_tiny").iterdir()] == [".cpu-baked-default.lock"]
 
 
