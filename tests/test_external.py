@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import flashrt_build
 import flashrt_build.pipeline as pipeline
@@ -200,6 +200,14 @@ def test_load_refuses_an_altered_sidecar(mlp_external_build: flashrt_build.Build
     (copy / "weights.safetensors").write_bytes(bytes(data))
     with pytest.raises(flashrt_build.ArtifactError, match=r"weights.safetensors \(the weights\) was altered"):
         flashrt_build.load(copy)
+    # A sidecar is checked when it is read: the mlp's host lacks the forward's
+    # constant, which comes from the sidecar; every tensor given reads none of it.
+    with pytest.raises(flashrt_build.ArtifactError, match=r"weights.safetensors \(the weights\) was altered"):
+        flashrt_build.load(copy, host=eager("+module=mlp"))
+    every = load_file(str(mlp_external_build.output_dir / "weights.safetensors"))
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(flashrt_build.load(copy, weights=every)(x), eager("+module=mlp")(x))
 
 
 @pytest.mark.slow
