@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .config import CONF_DIR
+from .config import CONF_DIR, check_config_dir
+from .errors import ConfigError
 from .key import COSMETIC_KEYS
+from .publish import check_writable
 from .schema import register_schema
 from .threads import default_parallel_jobs
 
@@ -32,9 +35,22 @@ _NAMING_KEYS = {"module", "target", "inductor", "weights", *COSMETIC_KEYS}
 # Exit codes of the jobs this process ran (one in a run, several in a sweep).
 _job_codes: list[int] = []
 
-# conf/hydra/launcher/parallel.yaml: concurrent builds unless told. Registered
-# on import: joblib's workers resolve the launcher config too.
+
+def logs_root(output_root: str) -> str:
+    """Where Hydra keeps a command's logs (`.runs/`, `.sweeps/`): the output
+    root, or a temporary directory when the output root cannot be written, so
+    the build refuses `output_root` by name instead of Hydra failing to mkdir."""
+    try:
+        check_writable(Path(output_root).resolve(), "output_root", beside=False)
+    except ConfigError:
+        return str(Path(tempfile.gettempdir()) / "flashrt_build-logs")
+    return output_root
+
+
+# conf/hydra/launcher/parallel.yaml and conf/config.yaml. Registered on import:
+# joblib's workers resolve the launcher and sweep configs too.
 OmegaConf.register_new_resolver("flashrt_parallel_jobs", default_parallel_jobs, replace=True)
+OmegaConf.register_new_resolver("flashrt_logs_root", logs_root, replace=True)
 
 
 def variant_of(overrides: list[str]) -> str | None:
@@ -85,10 +101,27 @@ def _hydra_main(cfg: DictConfig) -> None:
     _job_codes.append(run_job(cfg))
 
 
+def _config_dir_argument(args: list[str]) -> str | None:
+    """The value of Hydra's `--config-dir DIR` / `--config-dir=DIR` / `-cd DIR`."""
+    for i, arg in enumerate(args):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--config-dir="):
+            return arg.partition("=")[2]
+    return None
+
+
 def main() -> None:
     """Console entry point (`flashrt-build`, `python -m flashrt_build`)."""
     register_schema()
     quiet_known_warnings()
+    config_dir = _config_dir_argument(sys.argv[1:])
+    if config_dir is not None:
+        try:
+            check_config_dir("--config-dir", config_dir)
+        except ConfigError as exc:
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            sys.exit(exc.exit_code)
     try:
         _hydra_main()
     except SystemExit as exc:

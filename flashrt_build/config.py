@@ -10,8 +10,8 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
-from .schema import BuildConfig, register_schema
+from .errors import ConfigError, raise_all
+from .schema import BuildConfig, register_schema, unknown_keys
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -19,6 +19,8 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictConfig:
     """Merge any config-like value over the schema, so API callers get the
     same validation as the CLI."""
+    if isinstance(cfg, Mapping) and not isinstance(cfg, DictConfig):
+        raise_all(unknown_keys(cfg))  # before the merge, whose message names no close key
     schema = OmegaConf.structured(BuildConfig)
     try:
         merged = OmegaConf.merge(schema, cfg)
@@ -37,6 +39,16 @@ def compose(overrides: Sequence[str] = (), config_dir: str | Path | None = None)
     register_schema()
     overrides = list(overrides)
     if config_dir is not None:
+        check_config_dir("config_dir", config_dir)
         overrides.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides)
+
+
+def check_config_dir(key: str, path: str | Path) -> None:
+    """A directory of the user's configs must be one: Hydra would say only
+    that it was "not found"."""
+    if not Path(path).exists():
+        raise ConfigError(key, str(path), "no such directory")
+    if not Path(path).is_dir():
+        raise ConfigError(key, str(path), "is a file, not a directory of configs")

@@ -39,7 +39,7 @@ from .manifest import (
 from .module import import_target, instantiate_module
 from .package import compile_package, package_constant_fqns, validate_inductor_options
 from .progress import StageTimer
-from .publish import build_lock, check_writable, publish, staging_dir
+from .publish import build_lock, publish, staging_dir
 from .schema import BuildConfig, WeightsMode
 from .spec import BuildSpec, resolve_spec
 from .store import Store, link_or_copy
@@ -70,7 +70,6 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     apply_threads(spec.threads)
     options = validate_inductor_options(spec.inductor_options, spec.weights)
     check_device(spec.device)
-    check_writable(spec.output_dir)
     ingredients = key_ingredients(spec, gpu_of(spec.device))
     keys = build_keys(ingredients)
     reused = reuse(spec, keys, ingredients)

@@ -43,17 +43,25 @@ def build_lock(output_dir: Path) -> Iterator[None]:
         yield
 
 
-def check_writable(output_dir: Path) -> None:
-    """Refuse, before any work, an output directory that could not be created."""
-    ancestor = output_dir
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if ancestor != output_dir and not ancestor.is_dir():
-        raise ConfigError("output_dir", str(output_dir), f"cannot be written: {ancestor} is a file")
-    if ancestor == output_dir and not output_dir.is_dir():
-        raise ConfigError("output_dir", str(output_dir), "exists and is not a directory")
-    if not os.access(ancestor if ancestor != output_dir else output_dir.parent, os.W_OK | os.X_OK):
-        raise ConfigError("output_dir", str(output_dir), f"cannot be written: no write permission on {ancestor}")
+def check_writable(path: Path, key: str = "output_dir", beside: bool = True) -> None:
+    """Refuse, before any work and creating nothing, a directory that could
+    not be created or written, naming its config key: an existing file in the
+    way, a missing or read-only filesystem, no permission. Probed by creating
+    (and at once removing) a nameless file where the build will write: beside
+    an existing output dir (staging, lock), inside an output root."""
+    where = path.parent if beside and path.is_dir() else path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if path.exists() and not path.is_dir():
+        raise ConfigError(key, str(path), "exists and is not a directory")
+    if not where.is_dir():
+        raise ConfigError(key, str(path), f"cannot be created: {where} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ConfigError(key, str(path), f"cannot be written: creating a file in {where} fails ({why})") from None
 
 
 def writable_parent(output_dir: Path) -> Path:

@@ -17,7 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import ConfigError, raise_all
-from .schema import WeightsMode
+from .publish import check_writable
+from .schema import WeightsMode, unknown_keys
 
 # torch dtype names accepted in configs, with the usual short aliases.
 DTYPES = {
@@ -180,6 +181,8 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     Collects every problem it finds and raises them as one ConfigError.
     """
     cwd = cwd or Path.cwd()
+    # Keys the schema lacks (a typo added with `+`) first: they would be ignored.
+    raise_all(unknown_keys(OmegaConf.to_container(cfg, resolve=False)))
     if cfg.get("module") is None:
         raise ConfigError("module", None, "no module given: add +module=NAME (see conf/module/)")
     try:
@@ -234,8 +237,8 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
 
     checkpoint = module.get("checkpoint")
     checkpoint_path = (cwd / checkpoint) if checkpoint else None
-    if checkpoint_path is not None and not checkpoint_path.is_file():
-        problems.append(ConfigError("module.checkpoint", checkpoint, "no such file"))
+    if checkpoint_path is not None:
+        check(check_readable_file, "module.checkpoint", checkpoint, checkpoint_path)
 
     verify = config["verify"]
     for key in ("atol", "rtol"):
@@ -259,6 +262,11 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         options["cpp.cxx"] = cxx
     options.update(profile_options(config))
     output_dir = check(derive_output_dir, config, cwd)
+    before_paths = len(problems)
+    output_root = (cwd / config["output_root"]).resolve()
+    root_ok = check(check_writable, output_root, "output_root", False) is None and len(problems) == before_paths
+    if output_dir is not None and (root_ok or config.get("output_dir")):  # a derived dir fails with its root
+        check(check_writable, output_dir, "output_dir")
 
     raise_all(problems)
     # Float inputs follow the target dtype, so the manifest says what the package takes.
@@ -276,7 +284,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         tf32=tf32,
         inductor_options=options,
         weights=WeightsMode(config["weights"]),
-        output_root=(cwd / config["output_root"]).resolve(),
+        output_root=output_root,
         output_dir=output_dir,
         seed=int(config["seed"]),
         verify=bool(verify["enabled"]),
@@ -290,6 +298,19 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         threads=threads,
         config=config,
     )
+
+
+def check_readable_file(key: str, value: str, path: Path) -> None:
+    """A file the build will read: there, a file, readable."""
+    if not path.exists():
+        raise ConfigError(key, value, f"no such file ({path})")
+    if not path.is_file():
+        raise ConfigError(key, value, f"is a directory, not a file ({path})")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(key, value, f"cannot be read ({exc.strerror or exc})") from None
 
 
 def _resolve_input(name: str, raw: Mapping[str, Any]) -> InputSpec:

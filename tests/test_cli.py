@@ -52,6 +52,11 @@ def user_conf(tmp_path: Path, name: str, body: str) -> Path:
         (["+module=mlp", "module.model._target_=nope.Missing"], ["module.model._target_", "nope.Missing", "imported"]),
         (["+module=mlp", "module.checkpoint=missing.safetensors"], ["module.checkpoint", "no such file"]),
         (["+module=mlp", "toolchain.cxx=no-such-g++"], ["toolchain.cxx", "no-such-g++", "no such compiler"]),
+        (["+module=mlp", "+no_such_key=1"], ["config key 'no_such_key' = 1: not a config key; valid keys:"]),
+        (["+module=mlp", "+inductr.options.max_autotune=true"], ["did you mean inductor.options.max_autotune?"]),
+        (["+module=mlp", "output_dir=/proc/forbidden"], ["config key 'output_dir' = '/proc/forbidden': cannot be"]),
+        (["+module=mlp", "--config-dir", "/nonexistent"], ["config key '--config-dir' = '/nonexistent': no such"]),
+        (["+module=mlp", "--config-dir=README.md"], ["'--config-dir' = 'README.md': is a file, not a directory"]),
     ],
     ids=[
         "no-module",
@@ -63,6 +68,11 @@ def user_conf(tmp_path: Path, name: str, body: str) -> Path:
         "bad-target",
         "no-ckpt",
         "no-cxx",
+        "typo-key",
+        "typo-key-close",
+        "output-dir-proc",
+        "config-dir-missing",
+        "config-dir-file",
     ],
 )
 def test_config_errors_exit_2_with_one_clear_message(tmp_path: Path, args: list[str], needles: list[str]) -> None:
@@ -72,7 +82,18 @@ def test_config_errors_exit_2_with_one_clear_message(tmp_path: Path, args: list[
     for needle in needles:
         assert needle in output
     assert "Traceback" not in output
+    if "ConfigError" in result.stderr:  # ours, not Hydra's composition message
+        assert len([line for line in result.stderr.splitlines() if "Error" in line]) == 1  # one line says why
     assert not any(p.name != ".runs" for p in tmp_path.iterdir())
+
+
+def test_an_output_root_that_cannot_be_written_is_refused_by_name_creating_nothing(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    result = cli("+module=mlp", f"output_root={tmp_path / 'a-file' / 'root'}")
+    assert result.returncode == 2
+    assert "config key 'output_root'" in result.stderr and "a-file is a file, not a directory" in result.stderr
+    assert "output_dir" not in result.stderr  # the derived dir fails with its root: one cause, one line
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]  # Hydra's logs went to the temp dir
 
 
 def test_export_failure_exits_1_naming_target_and_cause(tmp_path: Path) -> None:

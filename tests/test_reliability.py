@@ -83,7 +83,7 @@ def test_an_output_dir_that_cannot_be_written(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a directory")
     result = cli("+module=mlp", f"output_dir={tmp_path / 'a-file' / 'build'}", f"output_root={tmp_path}")
     assert result.returncode == 2
-    assert "config key 'output_dir'" in result.stderr and "cannot be written" in result.stderr
+    assert "config key 'output_dir'" in result.stderr and "a-file is a file, not a directory" in result.stderr
     assert "instantiate" not in result.stderr  # refused before any work
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from flashrt_build.cli import variant_of
-from flashrt_build.config import CONF_DIR, compose
+from flashrt_build.config import CONF_DIR, as_build_config, compose
 from flashrt_build.errors import ConfigError
 from flashrt_build.schema import WeightsMode
 from flashrt_build.spec import flatten_options, resolve_spec
@@ -206,3 +207,91 @@ def test_release_allows_the_shipped_zoo_plus_user_patterns() -> None:
         compose(["+module=mlp", "release=true", "allowed_targets=[mycompany.*]", "module.model._target_=mycompany.Net"])
     )
     assert widened.target == "mycompany.Net"
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "hint"),
+    [
+        ("+no_such_key=1", "no_such_key", "not a config key; valid keys: allowed_targets, force, inductor, module"),
+        (
+            "+inductr.options.max_autotune=true",
+            "inductr.options.max_autotune",
+            "did you mean inductor.options.max_autotune?",
+        ),
+        (
+            "+module.inputs.x.dynamc={0: {min: 1, max: 8}}",
+            "module.inputs.x.dynamc.0",
+            "did you mean module.inputs.x.dynamic.0?",
+        ),
+        ("++verify.repet=2", "verify.repet", "did you mean verify.repeat?"),
+        ("+target.devise=cuda", "target.devise", "did you mean target.device?"),
+        ("++verify.zzz=1", "verify.zzz", "valid keys under verify: atol, bench, enabled, repeat, rtol, timeout"),
+    ],
+)
+def test_a_key_the_schema_lacks_is_refused_naming_the_closest_valid_key(override: str, key: str, hint: str) -> None:
+    error = config_error(override)
+    assert error.key == key and hint in str(error)
+    assert str(error).count("\n") == 0  # one line
+
+
+def test_unknown_keys_are_reported_together_and_before_anything_else() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_spec(compose(["+bogus=1", "++seeed=2"]))  # no module either: the typos come first
+    assert [p.key for p in info.value.problems] == ["bogus", "seeed"]
+    assert "did you mean seed?" in str(info.value)
+
+
+def test_free_form_places_take_any_key() -> None:
+    spec = spec_of("+module.model.extra_arg=1", "+module.kwargs.flag=true", "+inductor.options.max_autotune=true")
+    assert spec.model["extra_arg"] == 1 and spec.kwargs["flag"] is True
+    assert spec.inductor_options["max_autotune"] is True  # checked against Inductor's own config later
+
+
+def test_the_api_refuses_an_unknown_key_in_a_plain_mapping() -> None:
+    with pytest.raises(ConfigError, match=r"'verfy.enabled' = False: not a config key; did you mean verify.enabled\?"):
+        as_build_config({"module": {"name": "m"}, "verfy": {"enabled": False}})
+
+
+def test_an_output_location_that_cannot_be_written_names_its_key(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    cases = {
+        ("output_dir", "/proc/forbidden"): "creating a file in /proc fails (No such file or directory)",
+        ("output_dir", str(tmp_path / "a-file" / "build")): "a-file is a file, not a directory",
+        ("output_dir", str(tmp_path / "a-file")): "exists and is not a directory",
+        ("output_root", "/proc/x"): "creating a file in /proc fails",
+    }
+    for (key, path), needle in cases.items():
+        with pytest.raises(ConfigError) as info:
+            spec_of(f"{key}={path}")
+        assert (info.value.key, info.value.value, type(info.value)) == (key, path, ConfigError)  # only that key
+        assert needle in str(info.value)
+    assert sorted(tmp_path.rglob("*")) == before  # the probes leave nothing behind
+
+
+def test_a_read_only_filesystem_is_refused_by_key(tmp_path: Path) -> None:
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only filesystem here (needs root)")
+    try:
+        error = config_error(f"output_root={mount}", f"output_dir={mount / 'build'}")
+        assert [p.key for p in error.problems] == ["output_root", "output_dir"]
+        assert str(error).count("Read-only file system") == 2
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_checkpoint_that_is_missing_or_a_directory_is_refused(tmp_path: Path) -> None:
+    missing = config_error(f"module.checkpoint={tmp_path / 'none.safetensors'}")
+    assert missing.key == "module.checkpoint" and "no such file" in str(missing)
+    directory = config_error(f"module.checkpoint={tmp_path}")
+    assert directory.key == "module.checkpoint" and "is a directory, not a file" in str(directory)
+
+
+def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'config_dir' = .*: no such directory"):
+        compose(["+module=mlp"], config_dir=tmp_path / "none")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory of configs"):
+        compose(["+module=mlp"], config_dir=tmp_path / "f")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -175,6 +176,27 @@ def test_glob_sweeps_every_matching_module_and_a_config_error_fails_only_its_job
     expected = {f"+module={m} module.model._target_=nope.{t}" for m in ("bert_tiny", "gpt2_tiny") for t in "AB"}
     assert set(rows) == expected and summary["counts"]["failed"] == 4
     assert all(row["exit_code"] == 2 and "module.model._target_" in row["error"]["message"] for row in rows.values())
+
+
+def test_every_job_of_a_sweep_is_checked_before_it_builds(mlp_build: flashrt_build.BuildResult, tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    shutil.copytree(mlp_build.output_dir, good)  # the same build key: up to date, nothing to compile
+    result, summary = sweep(tmp_path / "s1", tmp_path / "out", "+module=mlp", f"output_dir={good},/proc/forbidden")
+    assert result.returncode == 2 and summary["counts"] == {"built": 0, "up_to_date": 1, "failed": 1}
+    rows = {row["overrides"][1]: row for row in summary["rows"]}
+    assert rows[f"output_dir={good}"]["status"] == "up_to_date"
+    bad = rows["output_dir=/proc/forbidden"]
+    assert bad["exit_code"] == 2 and bad["error"]["type"] == "ConfigError"
+    assert "config key 'output_dir' = '/proc/forbidden': cannot be written" in bad["error"]["message"]
+    # A typo'd key fails every job, each saying which key and what was meant; nothing is built.
+    result, summary = sweep(tmp_path / "s2", tmp_path / "out", "+module=mlp", "seed=0,1", "++verify.repet=2")
+    assert result.returncode == 2 and summary["counts"]["failed"] == 2
+    for row in summary["rows"]:
+        assert (
+            row["exit_code"] == 2
+            and "'verify.repet' = 2: not a config key; did you mean verify.repeat?" in (row["error"]["message"])
+        )
+    assert not (tmp_path / "out").exists()  # no job got as far as creating its output root
 
 
 def test_once_per_process_fails_when_a_process_builds_it_twice() -> None:
