@@ -26,10 +26,12 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from report import RESULTS, alternate, publish, table  # noqa: E402
+
 import flashrt_build  # noqa: E402
-from flashrt_build.config import compose  # noqa: E402
-from flashrt_build.inputs import make_inputs  # noqa: E402
-from flashrt_build.spec import resolve_spec  # noqa: E402
+from flashrt_build.config.compose import compose  # noqa: E402
+from flashrt_build.config.spec import resolve_spec  # noqa: E402
+from flashrt_build.stages.inputs import make_inputs  # noqa: E402
 
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
@@ -44,7 +46,7 @@ def main() -> None:
     parser.add_argument("--module", default="mlp")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "call_overhead.md")
+    parser.add_argument("--out", type=Path, default=RESULTS / "call_overhead.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         cfg = compose([f"+module={args.module}", f"output_root={root}"])
@@ -59,27 +61,26 @@ def main() -> None:
             "boxed_run (no checks)": lambda: runner.loader.boxed_run(list(tensors)),
             "flashrt_build.load": lambda: loaded(*example.args, **example.kwargs),
         }
-        rounds: dict[str, list[float]] = {name: [] for name in variants}
         with torch.no_grad():
             for fn in variants.values():
                 per_call_us(fn, 1000)  # warm-up
-            for r in range(args.rounds):
-                order = list(variants)[r % len(variants) :] + list(variants)[: r % len(variants)]
-                for name in order:
-                    rounds[name].append(per_call_us(variants[name], args.calls))
+            rounds = alternate(
+                {n: lambda fn=fn: per_call_us(fn, args.calls) for n, fn in variants.items()}, args.rounds
+            )
     median = {name: statistics.median(values) for name, values in rounds.items()}
     bare = median["boxed_run (no checks)"]
-    lines = [
-        f"| call ({args.module}, CPU, torch {torch.__version__}) | us per call, median | rounds | over boxed_run |",
-        "|---|---:|---|---:|",
+    rows = [
+        [name, f"{median[name]:.1f}", ", ".join(f"{v:.1f}" for v in values), f"{median[name] - bare:+.1f}"]
+        for name, values in rounds.items()
     ]
-    for name, values in rounds.items():
-        spread = ", ".join(f"{v:.1f}" for v in values)
-        lines.append(f"| {name} | {median[name]:.1f} | {spread} | {median[name] - bare:+.1f} |")
-    text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    header = [
+        f"call ({args.module}, CPU, torch {torch.__version__})",
+        "us per call, median",
+        "rounds",
+        "over boxed_run",
+    ]
+    command = f".venv/bin/python bench/call_overhead.py --module {args.module} --rounds {args.rounds}"
+    publish(args.out, "Per-call cost of a loaded package", command, table(header, rows, align="lrlr"))
 
 
 if __name__ == "__main__":

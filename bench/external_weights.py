@@ -22,9 +22,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from flashrt_build.config import compose  # noqa: E402
-from flashrt_build.module import instantiate_module  # noqa: E402
-from flashrt_build.spec import resolve_spec  # noqa: E402
+from report import RESULTS, publish, table  # noqa: E402
+
+from flashrt_build.config.compose import compose  # noqa: E402
+from flashrt_build.config.spec import resolve_spec  # noqa: E402
+from flashrt_build.stages.module import instantiate_module  # noqa: E402
 
 
 def cli_build(root: Path, *overrides: str) -> tuple[float, dict]:
@@ -49,7 +51,7 @@ def other_checkpoint(module: str, path: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--modules", nargs="+", default=["mlp", "gpt2_tiny"])
-    parser.add_argument("--out", type=Path, default=Path("bench/results/external_weights.md"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "external_weights.md")
     args = parser.parse_args()
     rows = []
     for module in args.modules:
@@ -74,23 +76,28 @@ def main() -> None:
                     "swap_ratio": swap_s / full_s,
                 }
             )
-    lines = [
-        f"torch {torch.__version__}, {sys.platform}, {os.cpu_count()} cores",
-        "",
-        "| module | baked pkg MB | external pkg MB | sidecar MB | external/baked | full external build s (compile s) "
-        "| checkpoint swap s | swap/full |",
-        "|---|---|---|---|---|---|---|---|",
+    header = ["module", "baked pkg MB", "external pkg MB", "sidecar MB", "external/baked"]
+    header += ["full external build s (compile s)", "checkpoint swap s", "swap/full"]
+    cells = [
+        [
+            r["module"],
+            f"{r['baked_mb']:.2f}",
+            f"{r['external_mb']:.2f}",
+            f"{r['sidecar_mb']:.2f}",
+            f"{r['size_ratio']:.3f}",
+            f"{r['full_s']:.1f} ({r['full_compile_s']:.1f})",
+            f"{r['swap_s']:.1f}",
+            f"{r['swap_ratio']:.2f}",
+        ]  # fmt: skip
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['module']} | {r['baked_mb']:.2f} | {r['external_mb']:.2f} | {r['sidecar_mb']:.2f} "
-            f"| {r['size_ratio']:.3f} | {r['full_s']:.1f} ({r['full_compile_s']:.1f}) | {r['swap_s']:.1f} "
-            f"| {r['swap_ratio']:.2f} |"
-        )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(f"# External weights\n\nCommand: `.venv/bin/python bench/external_weights.py`\n\n{text}")
+    machine = f"torch {torch.__version__}, {sys.platform}, {os.cpu_count()} cores"
+    publish(
+        args.out,
+        "External weights",
+        ".venv/bin/python bench/external_weights.py",
+        f"{machine}\n\n{table(header, cells)}",
+    )
 
 
 if __name__ == "__main__":

@@ -43,11 +43,13 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from report import table  # noqa: E402
+
 import flashrt_build  # noqa: E402
-from flashrt_build.config import compose  # noqa: E402
-from flashrt_build.inputs import make_inputs  # noqa: E402
-from flashrt_build.module import instantiate_module  # noqa: E402
-from flashrt_build.spec import resolve_spec  # noqa: E402
+from flashrt_build.config.compose import compose  # noqa: E402
+from flashrt_build.config.spec import resolve_spec  # noqa: E402
+from flashrt_build.stages.inputs import make_inputs  # noqa: E402
+from flashrt_build.stages.module import instantiate_module  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -319,13 +321,7 @@ def goal(text: str, value: float, met: bool) -> dict[str, Any]:
 
 
 def render(record: dict[str, Any]) -> str:
-    lines = [
-        f"### {record['module']} ({record['target']['dtype']}, {record['gpu'] or 'CPU'}, torch {record['torch']})",
-        "",
-        "| variant | median ms | round medians | p10-p90 | load s | sidecar read s | device MB added | package MB "
-        "| build s | max err vs eager |",
-        "|---|---:|---|---|---:|---:|---:|---:|---|---:|",
-    ]
+    rows = []
     for name, r in record["results"].items():
         lat = r["latency_ms"]
         rounds = ", ".join(f"{v:.3f}" for v in lat["round_medians"])
@@ -333,13 +329,13 @@ def render(record: dict[str, Any]) -> str:
         load = f"{r['load_s']:.2f}" if r["load_s"] is not None else ""
         size = f"{r['package_mb']:.1f}" if r["package_mb"] else ""
         read = f"{r['sidecar_read_s']:.2f}" if r.get("sidecar_read_s") is not None else ""
-        lines.append(
-            f"| {name} | {lat['median']:.3f} | {rounds} | {lat['p10']:.3f}-{lat['p90']:.3f} | {load} | {read} "
-            f"| {r['mem_added_mb']:.0f} | {size} | {build} | {r['max_abs_err_vs_eager']:.2g} |"
-        )
-    lines += ["", "| goal | measured | met |", "|---|---:|---|"]
-    lines += [f"| {g['goal']} | {g['measured']:.3f} | {'yes' if g['met'] else '**no**'} |" for g in record["goals"]]
-    return "\n".join(lines) + "\n"
+        cells = [name, f"{lat['median']:.3f}", rounds, f"{lat['p10']:.3f}-{lat['p90']:.3f}", load, read]
+        rows.append([*cells, f"{r['mem_added_mb']:.0f}", size, build, f"{r['max_abs_err_vs_eager']:.2g}"])
+    header = ["variant", "median ms", "round medians", "p10-p90", "load s", "sidecar read s", "device MB added"]
+    header += ["package MB", "build s", "max err vs eager"]
+    goals = [[g["goal"], f"{g['measured']:.3f}", "yes" if g["met"] else "**no**"] for g in record["goals"]]
+    title = f"### {record['module']} ({record['target']['dtype']}, {record['gpu'] or 'CPU'}, torch {record['torch']})"
+    return f"{title}\n\n{table(header, rows, 'lrllrrrrlr')}\n{table(['goal', 'measured', 'met'], goals, 'lrl')}"
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from flashrt_build.gpus import visible_gpus  # noqa: E402
+from report import RESULTS, publish, table  # noqa: E402
+
+from flashrt_build.sweep.gpus import visible_gpus  # noqa: E402
 
 
 def run_sweep(args: argparse.Namespace, root: Path, gpus: list[str]) -> tuple[float, dict[str, Any]]:
@@ -59,9 +61,9 @@ def load_elsewhere(summary: dict[str, Any], gpus: list[str]) -> list[str]:
     import torch
 
     import flashrt_build
-    from flashrt_build.config import compose
-    from flashrt_build.inputs import make_inputs
-    from flashrt_build.spec import resolve_spec
+    from flashrt_build.config.compose import compose
+    from flashrt_build.config.spec import resolve_spec
+    from flashrt_build.stages.inputs import make_inputs
 
     lines = []
     for row in summary["rows"]:
@@ -83,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--modules", default="mlp,bert_tiny,gpt2_tiny")
     parser.add_argument("--weights", default="baked,external")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "multi_gpu_sweep.md")
+    parser.add_argument("--out", type=Path, default=RESULTS / "multi_gpu_sweep.md")
     args = parser.parse_args()
     gpus = visible_gpus()
     if len(gpus) < 2:
@@ -93,19 +95,14 @@ def main() -> None:
         wall_one, summary_one = run_sweep(args, Path(one), gpus[:1])
         moved = load_elsewhere(summary_many, gpus)
     used = sorted({r.get("gpu") for r in summary_many["rows"] if r.get("gpu") is not None}, key=str)
+    runs = [
+        [f"{len(gpus)} GPUs", summary_many, ", ".join(used), wall_many],
+        ["1 GPU", summary_one, gpus[0], wall_one],
+    ]
+    rows = [[n, s["jobs"], s["counts"]["built"], s["counts"]["failed"], g, f"{w:.1f}"] for n, s, g, w in runs]
     text = "\n".join(
         [
-            f"# Multi-GPU sweep: {len(gpus)} GPUs vs 1",
-            "",
-            f"Command: `CXX=g++-12 python bench/multi_gpu_sweep.py --modules {args.modules} --weights {args.weights}`",
-            "",
-            "| run | jobs | built | failed | GPUs used | wall (s) |",
-            "|---|---:|---:|---:|---|---:|",
-            f"| {len(gpus)} GPUs | {summary_many['jobs']} | {summary_many['counts']['built']} "
-            f"| {summary_many['counts']['failed']} | {', '.join(used)} | {wall_many:.1f} |",
-            f"| 1 GPU | {summary_one['jobs']} | {summary_one['counts']['built']} | {summary_one['counts']['failed']} "
-            f"| {gpus[0]} | {wall_one:.1f} |",
-            "",
+            table(["run", "jobs", "built", "failed", "GPUs used", "wall (s)"], rows, align="lrrrlr"),
             f"Speed-up: **{wall_one / wall_many:.2f}x**; every GPU used: {'yes' if len(used) == len(gpus) else 'no'}",
             "",
             "Timeline of the multi-GPU run (seconds from the sweep's start):",
@@ -117,9 +114,8 @@ def main() -> None:
             *[f"- {line}" for line in moved],
         ]
     )
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    command = f"CXX=g++-12 python bench/multi_gpu_sweep.py --modules {args.modules} --weights {args.weights}"
+    publish(args.out, f"Multi-GPU sweep: {len(gpus)} GPUs vs 1", command, text + "\n")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import RESULTS, alternate, publish, table
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -29,7 +31,7 @@ def wall(command: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "noop_build.md")
+    parser.add_argument("--out", type=Path, default=RESULTS / "noop_build.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         build = [sys.executable, "-m", "flashrt_build", "+module=mlp", f"output_root={root}"]
@@ -39,22 +41,19 @@ def main() -> None:
             "bare Hydra app": [sys.executable, str(HERE / "bare_hydra_app.py"), f"hydra.run.dir={root}/bare"],
             "import torch": [sys.executable, "-c", "import torch"],
         }
-        times: dict[str, list[float]] = {name: [] for name in commands}
-        for _ in range(args.rounds):
-            for name, command in commands.items():
-                times[name].append(wall(command))
+        times = alternate({name: lambda c=command: wall(c) for name, command in commands.items()}, args.rounds, False)
     med = {name: statistics.median(t) for name, t in times.items()}
     noop = med["no-op build"]
-    lines = ["| command | median wall (s) | min | max | no-op / this |", "|---|---|---|---|---|"]
-    for name, t in times.items():
-        lines.append(f"| {name} | {med[name]:.2f} | {min(t):.2f} | {max(t):.2f} | {noop / med[name]:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        "# No-op build\n\n"
-        f"Command: `.venv/bin/python bench/noop_build.py --rounds {args.rounds}` (2-core CPU, torch 2.13, "
-        f"{args.rounds} alternating rounds; goal: no-op at most 1.5 s)\n\n{text}"
+    rows = [
+        [name, f"{med[name]:.2f}", f"{min(t):.2f}", f"{max(t):.2f}", f"{noop / med[name]:.2f}"]
+        for name, t in times.items()
+    ]
+    text = table(["command", "median wall (s)", "min", "max", "no-op / this"], rows)
+    publish(
+        args.out,
+        "No-op build",
+        f".venv/bin/python bench/noop_build.py --rounds {args.rounds}",
+        f"2-core CPU, torch 2.13, {args.rounds} alternating rounds; goal: no-op at most 1.5 s\n\n{text}",
     )
 
 

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import RESULTS, publish, table
+
 HERE = Path(__file__).resolve().parent
 SWEEP = ["+module=mlp,gpt2_tiny", "weights=baked,external"]
 
@@ -39,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=None, help="parallel jobs (default: the shipped config's)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "sweep_speedup.md")
+    parser.add_argument("--out", type=Path, default=RESULTS / "sweep_speedup.md")
     args = parser.parse_args()
     launchers = {
         "basic": [],
@@ -60,24 +62,25 @@ def main() -> None:
         threads[name] |= {row["threads"] for row in summary["rows"]}
         print(f"{name}: {wall:.1f} s", flush=True)
     med = {name: statistics.median(w) for name, w in walls.items()}
-    lines = [
-        "| launcher | sweep wall (s), median | runs | job wall (s), median | threads per job |",
-        "|---|---|---|---|---|",
+    rows = [
+        [
+            name,
+            f"{med[name]:.1f}",
+            ", ".join(f"{w:.1f}" for w in walls[name]),
+            f"{statistics.median(job_walls[name]):.1f}",
+            ", ".join(str(t) for t in sorted(threads[name], key=str)),
+        ]
+        for name in launchers
     ]
-    for name in launchers:
-        runs = ", ".join(f"{w:.1f}" for w in walls[name])
-        lines.append(
-            f"| {name} | {med[name]:.1f} | {runs} | {statistics.median(job_walls[name]):.1f} "
-            f"| {', '.join(str(t) for t in sorted(threads[name], key=str))} |"
-        )
-    text = "\n".join(lines) + f"\n\nSpeed-up (basic / parallel): **{med['basic'] / med['parallel']:.2f}x**\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    text = table(["launcher", "sweep wall (s), median", "runs", "job wall (s), median", "threads per job"], rows)
+    text += f"\nSpeed-up (basic / parallel): **{med['basic'] / med['parallel']:.2f}x**\n"
     cpus = len(os.sched_getaffinity(0))
-    args.out.write_text(
-        "# Sweep: basic launcher vs parallel (joblib)\n\n"
-        f"Command: `.venv/bin/python bench/sweep_speedup.py --rounds {args.rounds}` ({cpus}-core CPU, torch 2.13; "
-        f"sweep `{' '.join(SWEEP)}`: 4 cold builds, verification included; runs alternate ABBA)\n\n{text}"
+    publish(
+        args.out,
+        "Sweep: basic launcher vs parallel (joblib)",
+        f".venv/bin/python bench/sweep_speedup.py --rounds {args.rounds}",
+        f"{cpus}-core CPU, torch 2.13; sweep `{' '.join(SWEEP)}`: 4 cold builds, verification included; "
+        f"runs alternate ABBA\n\n{text}",
     )
 
 

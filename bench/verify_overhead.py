@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import RESULTS, alternate, publish, table
+
 
 def wall(*overrides: str) -> float:
     with tempfile.TemporaryDirectory() as root:
@@ -31,24 +33,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--module", default="mlp")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/verify_overhead.md"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "verify_overhead.md")
     args = parser.parse_args()
-    off, on = [], []
-    for _ in range(args.rounds):
-        off.append(wall(f"+module={args.module}", "verify.enabled=false"))
-        on.append(wall(f"+module={args.module}"))
-    off_s, on_s = statistics.median(off), statistics.median(on)
-    text = (
-        f"| module | build, verify off (s) | build, verify on (s) | verification adds (s) | on/off |\n"
-        f"|---|---|---|---|---|\n"
-        f"| {args.module} | {off_s:.1f} | {on_s:.1f} | {on_s - off_s:.1f} | {on_s / off_s:.2f} |\n"
+    walls = alternate(
+        {
+            "off": lambda: wall(f"+module={args.module}", "verify.enabled=false"),
+            "on": lambda: wall(f"+module={args.module}"),
+        },
+        args.rounds,
+        rotate=False,
     )
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        "# Verification overhead\n\n"
-        f"Command: `.venv/bin/python bench/verify_overhead.py --module {args.module} --rounds {args.rounds}` "
-        f"(median of {args.rounds} alternating CLI builds each, 2-core CPU, torch 2.13)\n\n{text}"
+    off_s, on_s = statistics.median(walls["off"]), statistics.median(walls["on"])
+    header = ["module", "build, verify off (s)", "build, verify on (s)", "verification adds (s)", "on/off"]
+    row = [args.module, f"{off_s:.1f}", f"{on_s:.1f}", f"{on_s - off_s:.1f}", f"{on_s / off_s:.2f}"]
+    publish(
+        args.out,
+        "Verification overhead",
+        f".venv/bin/python bench/verify_overhead.py --module {args.module} --rounds {args.rounds}",
+        f"median of {args.rounds} alternating CLI builds each, 2-core CPU, torch 2.13\n\n{table(header, [row])}",
     )
 
 

@@ -17,11 +17,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BuildResult": "pipeline",
     "build": "pipeline",
-    "check_checkpoint": "checkpoint",
-    "compose": "config",
-    "is_exporting": "export",
-    "LoadedModule": "load",
-    "load": "load",
+    "check_checkpoint": "runtime.checkpoint",
+    "compose": "config.compose",
+    "is_exporting": "stages.export",
+    "LoadedModule": "runtime.load",
+    "load": "runtime.load",
     "ArtifactError": "errors",
     "BuildError": "errors",
     "CompileError": "errors",
@@ -39,9 +39,7 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
-        # Every export of that module at once: importing `.load` set the
-        # package's `load` to the module, which the function must replace.
-        globals().update({n: getattr(module, n) for n, m in _EXPORTS.items() if m == _EXPORTS[name]})
-        return globals()[name]
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

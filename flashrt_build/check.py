@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .checkpoint import check_checkpoint
 from .errors import command_verdict
+from .runtime.checkpoint import check_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

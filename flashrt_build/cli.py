@@ -11,7 +11,6 @@ import logging
 import re
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import hydra
@@ -19,12 +18,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .config import CONF_DIR, check_config_dir
-from .errors import ConfigError
-from .key import COSMETIC_KEYS
-from .publish import check_writable
-from .schema import register_schema
-from .threads import default_parallel_jobs
+from .cache.key import COSMETIC_KEYS
+from .config.compose import CONF_DIR
+from .config.paths import check_config_dir, check_writable
+from .config.schema import register_schema
+from .errors import ConfigError, quiet_known_warnings
+from .stages.threads import default_parallel_jobs
 
 log = logging.getLogger("flashrt_build")
 
@@ -74,11 +73,11 @@ def run_job(cfg: DictConfig) -> int:
         with open_dict(cfg):
             cfg.variant = variant_of(list(HydraConfig.get().overrides.task))
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        from .sweep import run_sweep_job  # a build per fresh process, a record for the summary
+        from .sweep.job import run_sweep_job  # a build per fresh process, a record for the summary
 
         return run_sweep_job(cfg)
     try:
-        from .cache import reuse_config
+        from .cache.reuse import reuse_config
 
         if reuse_config(cfg)[1] is not None:
             return 0
@@ -89,11 +88,6 @@ def run_job(cfg: DictConfig) -> int:
     except FlashrtError as exc:
         log_failure(log, exc)
         return exc.exit_code
-
-
-def quiet_known_warnings() -> None:
-    """torch's own pytree deprecation notice, printed on every export: not the user's to act on."""
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -130,6 +124,6 @@ def main() -> None:
         if exc.code not in (0, None) and not _job_codes:
             sys.exit(2)
         raise
-    from .summary import last_exit_code  # a sweep's verdict covers jobs other processes ran
+    from .sweep.summary import last_exit_code  # a sweep's verdict covers jobs other processes ran
 
     sys.exit(last_exit_code[0] if last_exit_code else max(_job_codes, default=0))

@@ -28,10 +28,10 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import compose
-from .errors import ConfigError, FlashrtError, LoaderCrash
-from .key import compiler_version
-from .spec import BuildSpec, resolve_spec
+from .config.compiler import compiler_version
+from .config.compose import compose
+from .config.spec import BuildSpec, resolve_spec
+from .errors import ConfigError, FlashrtError, LoaderCrash, quiet_known_warnings
 
 # Compilers worth trying when the configured one builds packages that crash.
 ALTERNATIVE_COMPILERS = ("g++-12", "g++-11", "g++-13", "g++-14", "g++", "clang++")
@@ -58,7 +58,7 @@ def check_python() -> Check:
 
 
 def check_compiler(spec: BuildSpec) -> Check:
-    from .toolchain import cpp_compiler
+    from .stages.toolchain import cpp_compiler
 
     cxx = cpp_compiler(spec.inductor_options)
     if shutil.which(cxx) is None:
@@ -77,8 +77,7 @@ def check_cuda(spec: BuildSpec) -> list[Check]:
     import torch
     from torch.utils.cpp_extension import CUDA_HOME
 
-    from .gpu import check_device
-    from .toolchain import gpu_of
+    from .runtime.gpu import check_device, gpu_of
 
     try:
         check_device(spec.device)  # what a build would refuse
@@ -155,7 +154,7 @@ def run(overrides: Sequence[str]) -> list[Check]:
     ok, detail, error = canary(overrides)
     fix = None
     if isinstance(error, LoaderCrash):
-        from .toolchain import cpp_compiler
+        from .stages.toolchain import cpp_compiler
 
         failing = cpp_compiler(spec.inductor_options)
         working = find_working_compiler(overrides, failing)
@@ -169,8 +168,6 @@ def run(overrides: Sequence[str]) -> list[Check]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .cli import quiet_known_warnings
-
     logging.basicConfig(level=logging.WARNING, format="        %(message)s")  # the build's own lines stay quiet
     quiet_known_warnings()
     args = list(sys.argv[1:] if argv is None else argv)

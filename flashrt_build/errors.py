@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
 
@@ -115,3 +116,8 @@ def command_verdict(check: Callable[[], dict[str, list[str]]], passed: str, fail
         for item in items:
             print(f"  {kind}: {item}")
     return 1
+
+
+def quiet_known_warnings() -> None:
+    """torch's own pytree deprecation notice, printed on every export: not the user's to act on."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)

@@ -17,14 +17,15 @@ from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from . import __version__
-from .cache import check_up_to_date, reuse
-from .checkpoint import dtype_name
-from .config import as_build_config
-from .export import export_module
-from .gpu import check_device, fp32_precision
-from .inputs import dynamic_shapes, make_inputs
-from .key import build_keys, key_ingredients
-from .manifest import (
+from .cache.key import build_keys, key_ingredients
+from .cache.reuse import check_up_to_date, reuse
+from .cache.store import Store, link_or_copy
+from .config.compose import as_build_config
+from .config.schema import BuildConfig, WeightsMode
+from .config.spec import BuildSpec, resolve_spec
+from .runtime.checkpoint import dtype_name
+from .runtime.gpu import check_device, fp32_precision, gpu_of
+from .runtime.manifest import (
     MANIFEST,
     PACKAGE,
     SCHEMA,
@@ -36,17 +37,16 @@ from .manifest import (
     read_manifest,
     write_manifest,
 )
-from .module import import_target, instantiate_module
-from .package import compile_package, package_constant_fqns, validate_inductor_options
-from .progress import StageTimer
-from .publish import build_lock, publish, staging_dir
-from .schema import BuildConfig, WeightsMode
-from .spec import BuildSpec, resolve_spec
-from .store import Store, link_or_copy
-from .threads import apply_threads
-from .toolchain import describe_toolchain, gpu_of
-from .verify import verify
-from .weights import match_package_tensors, tensor_sha256, write_sidecar
+from .stages.export import export_module
+from .stages.inputs import dynamic_shapes, make_inputs
+from .stages.module import import_target, instantiate_module
+from .stages.package import compile_package, package_constant_fqns, validate_inductor_options
+from .stages.progress import StageTimer
+from .stages.publish import build_lock, publish, staging_dir
+from .stages.threads import apply_threads
+from .stages.toolchain import describe_toolchain
+from .stages.verify import verify
+from .stages.weights import match_package_tensors, tensor_sha256, write_sidecar
 
 log = logging.getLogger("flashrt_build")
 

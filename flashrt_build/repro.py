@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from .errors import ConfigError, command_verdict
-from .manifest import file_sha256, read_manifest
+from .runtime.manifest import file_sha256, read_manifest
 
 log = logging.getLogger("flashrt_build")
 

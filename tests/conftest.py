@@ -1,8 +1,10 @@
-"""Test tiers.
+"""Test tiers, in folders that follow the package's (config/, stages/,
+runtime/, cache/, sweep/, commands/; test_layout.py checks its import rules).
 
     make test                      lint + everything (CI runs this)
     .venv/bin/pytest -m "not slow"  unit tests only: pure logic, no compiles (seconds)
     .venv/bin/pytest -m slow        integration: real torch.export + AOTInductor builds
+    .venv/bin/pytest tests/config   one folder
 
 Each distinct package is compiled once per session by a session-scoped fixture
 below, and many tests assert on it. GPU tests are marked `gpu` and skip
@@ -20,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 import flashrt_build
-from flashrt_build.config import compose
+from flashrt_build.config.compose import compose
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent

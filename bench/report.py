@@ -1,0 +1,40 @@
+"""What every bench script shares: variants timed alternately in rounds, and
+a markdown table printed and written to bench/results/ under a title and the
+command that produced it (BENCHMARKS.md quotes these files).
+
+Bench scripts run as `python bench/NAME.py`, which puts this folder on sys.path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def alternate(variants: Mapping[str, Callable[[], float]], rounds: int, rotate: bool = True) -> dict[str, list[float]]:
+    """Each variant's measurement once per round, side by side; the order
+    rotates every round (`rotate`) so no variant always runs first."""
+    names = list(variants)
+    measured: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)] if rotate else names
+        for name in order:
+            measured[name].append(variants[name]())
+    return measured
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:
+    """A markdown table; `align` holds one letter per column, `r` right-aligns it."""
+    rule = ["---:" if align[i : i + 1] == "r" else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def publish(out: Path, title: str, command: str, text: str) -> None:
+    """Print `text` and write it to `out` under `# title` and the command."""
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# {title}\n\nCommand: `{command}`\n\n{text}")

@@ -1,0 +1,126 @@
+"""The build key: a hash of everything that determines an artifact's bytes.
+
+Computed without importing torch (or the module's code), so that deciding a
+build is up to date costs a fraction of a build. Ingredients:
+
+- config: the resolved config without cosmetic keys (where to build, how to verify)
+- module: the target's own source files (code you wrote: every .py file of its
+  top-level package), or the installed distribution's name and version
+- weights: the checkpoint's sha256, or the seed that initialises random weights
+- toolchain: torch, Python, the C++ compiler and its version, CUDA, the CPU ISA
+- flashrt_build: this tool's own source
+
+`graph_key` leaves out the weights: external-weights packages with the same
+graph key are the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import platform
+import re
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..config.compiler import compiler_path, compiler_version, cpu_isa
+from ..config.spec import BuildSpec
+from ..runtime.manifest import canonical_sha256, file_sha256
+
+# Keys that say where a build goes and how it is checked, not what it is.
+COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads")
+
+
+def source_tree_sha256(root: str) -> tuple[str, int]:
+    """sha256 over a package's .py files (relative paths and contents) and their count."""
+    digest = hashlib.sha256()
+    base = Path(root)
+    files = sorted(base.rglob("*.py")) if base.is_dir() else [base]
+    for path in files:
+        digest.update(str(path.relative_to(base) if base.is_dir() else path.name).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest(), len(files)
+
+
+def _installed(path: str) -> bool:
+    return any(part in ("site-packages", "dist-packages") for part in Path(path).parts)
+
+
+def module_source(target: str) -> dict[str, Any]:
+    """What the target's code is: its source digest, or its distribution and version."""
+    top = target.split(".")[0]
+    found = importlib.util.find_spec(top)
+    if found is None or found.origin is None and not found.submodule_search_locations:
+        return {"target": target, "unresolved": True}
+    root = found.submodule_search_locations[0] if found.submodule_search_locations else found.origin
+    dists = metadata.packages_distributions().get(top, [])
+    if dists and _installed(root):
+        return {"target": target, "distribution": dists[0], "version": metadata.version(dists[0])}
+    sha, count = source_tree_sha256(root)
+    return {"target": target, "source_sha256": sha, "files": count}
+
+
+def _torch_cuda_version() -> str | None:
+    """torch.version.cuda, read from torch's version file without importing torch."""
+    found = importlib.util.find_spec("torch")
+    if found is None or not found.submodule_search_locations:
+        return None
+    text = (Path(found.submodule_search_locations[0]) / "version.py").read_text()
+    match = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]*)['\"]", text, re.M)
+    return match.group(1) if match else None
+
+
+def toolchain_ingredients(spec: BuildSpec, gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+    cxx = compiler_path(spec.inductor_options.get("cpp.cxx"))
+    return {
+        "torch": metadata.version("torch"),
+        "python": platform.python_version(),
+        "cxx": {"path": cxx, "version": compiler_version(cxx)},
+        "cuda": _torch_cuda_version(),
+        "cpu_isa": cpu_isa(),
+        # the architecture, not which card: a build on cuda:1 is the build on cuda:0
+        "gpu": {k: gpu[k] for k in ("name", "capability")} if gpu else None,
+    }
+
+
+def key_ingredients(spec: BuildSpec, gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+    config = {k: v for k, v in spec.config.items() if k not in COSMETIC_KEYS and k != "seed"}
+    config["module"] = {k: v for k, v in spec.config["module"].items() if k != "checkpoint"}
+    own_sha, _ = source_tree_sha256(str(Path(__file__).resolve().parents[1]))  # all of flashrt_build
+    ingredients = {
+        "config": config,
+        "module": module_source(spec.target),
+        "toolchain": toolchain_ingredients(spec, gpu),
+        "flashrt_build": own_sha,
+        "weights": {
+            "checkpoint": file_sha256(spec.checkpoint) if spec.checkpoint else None,
+            "seed": spec.seed,
+        },
+    }
+    # As the manifest will hold them: JSON types (axis keys as strings), so a
+    # stored key compares equal to a recomputed one.
+    return json.loads(json.dumps(ingredients, default=str))
+
+
+def build_keys(ingredients: dict[str, Any]) -> dict[str, str]:
+    graph_key = canonical_sha256({k: v for k, v in ingredients.items() if k != "weights"})
+    return {
+        "graph_key": graph_key,
+        "build_key": canonical_sha256({"graph": graph_key, "weights": ingredients["weights"]}),
+    }
+
+
+def changed_ingredients(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """Which ingredients differ, config keys one by one: what the log says changed."""
+    if not old:
+        return ["no earlier build key"]
+    changed = []
+    for name, value in new.items():
+        if name == "config" and isinstance(old.get("config"), dict):
+            keys = sorted(set(value) | set(old["config"]))
+            changed += [f"config.{k}" for k in keys if value.get(k) != old["config"].get(k)]
+        elif old.get(name) != value:
+            changed.append(name)
+    return changed

@@ -1,0 +1,96 @@
+"""Up to date means free: a build whose key matches a complete, intact
+artifact at its output directory does no work. Imports no torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from ..config.spec import BuildSpec, resolve_spec
+from ..errors import ArtifactError
+from ..runtime.manifest import MANIFEST, config_sha256, file_sha256, read_manifest, write_manifest
+from ..stages.publish import build_lock, publish, staging_dir
+from .key import build_keys, changed_ingredients, key_ingredients
+from .store import Store, link_or_copy
+
+log = logging.getLogger("flashrt_build")
+
+
+def check_up_to_date(spec: BuildSpec, keys: dict[str, str], ingredients: dict[str, Any]) -> tuple[bool, str]:
+    """(True, why) when the artifact in place has this build key, every file it
+    lists is intact, and it verified if verification is asked for; else (False, why)."""
+    try:
+        manifest = read_manifest(spec.output_dir)
+    except ArtifactError:
+        return False, "no complete build at the output directory"
+    if manifest.get("build_key") != keys["build_key"]:
+        changed = changed_ingredients(manifest.get("key_ingredients"), ingredients)
+        return False, f"changed: {', '.join(changed)}"
+    for section in (manifest["package"], manifest["weights"], manifest.get("state") or {}):
+        if section.get("file"):
+            path = spec.output_dir / section["file"]
+            if not path.is_file() or file_sha256(path) != section["sha256"]:
+                return False, f"{section['file']} is missing or altered"
+    if spec.verify and manifest["verification"].get("passed") is not True:
+        return False, "the build in place was not verified"
+    return True, f"up to date (build key {keys['build_key'][:12]})"
+
+
+def fill_from_store(spec: BuildSpec, keys: dict[str, str]) -> dict[str, Any] | None:
+    """When an identical build is in the store, link its files into the output
+    directory instead of building; returns the manifest, or None. The manifest
+    is the stored one with this build's (cosmetic) config."""
+    entry = Store(spec.output_root).get("artifacts", keys["build_key"])
+    if entry is None:
+        return None
+    manifest = json.loads((entry / MANIFEST).read_text())
+    if spec.verify and manifest["verification"].get("passed") is not True:
+        return None
+    with build_lock(spec.output_dir), staging_dir(spec.output_dir) as staging:
+        for path in entry.iterdir():
+            if path.name not in ("sha256", MANIFEST):
+                link_or_copy(path, staging / path.name)
+        config = dict(spec.config)
+        manifest.update(config=config, config_sha256=config_sha256(config), from_store=keys["build_key"])
+        write_manifest(staging, manifest)
+        publish(staging, spec.output_dir)
+    log.info("%s: identical to a stored build (build key %s), linked: %s", spec.name, keys["build_key"][:12],
+             spec.output_dir)  # fmt: skip
+    return manifest
+
+
+def reuse(
+    spec: BuildSpec, keys: dict[str, str], ingredients: dict[str, Any], say_why: bool = True
+) -> tuple[str, dict[str, Any]] | None:
+    """("up_to_date" | "from_store", manifest) when no build is needed, else
+    None, logging why one is if `say_why`. Shared by the torch-free CLI path
+    (which leaves the why to the build it hands over to) and the API."""
+    if spec.force:
+        if say_why:
+            log.info("%s: forced rebuild (force=true)", spec.name)
+        return None
+    fresh, why = check_up_to_date(spec, keys, ingredients)
+    if fresh:
+        with build_lock(spec.output_dir):  # also clears what an interrupted build left
+            log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
+        return "up_to_date", read_manifest(spec.output_dir)
+    filled = fill_from_store(spec, keys)
+    if filled is not None:
+        return "from_store", filled
+    if say_why:
+        log.info("%s: %s", spec.name, why)
+    return None
+
+
+def reuse_config(cfg: Any) -> tuple[BuildSpec, tuple[str, dict[str, Any]] | None]:
+    """Resolve a composed config and reuse its artifact when no build is
+    needed, without importing torch: what the CLI does before anything heavy.
+    CUDA targets always hand over to the build (a GPU's identity needs torch)."""
+    from ..config.compose import as_build_config
+
+    spec = resolve_spec(as_build_config(cfg))
+    if spec.force or spec.device.startswith("cuda"):
+        return spec, None
+    ingredients = key_ingredients(spec)
+    return spec, reuse(spec, build_keys(ingredients), ingredients, say_why=False)

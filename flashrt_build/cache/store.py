@@ -1,0 +1,85 @@
+"""A content-addressed store under the output root.
+
+- `packages/<graph_key>/`: external-weights packages, which do not depend on
+  weight values, so builds that differ only in checkpoint or seed share one compile;
+- `artifacts/<build_key>/`: whole artifacts, so identical builds into several
+  output directories (a sweep, a release tree) are built once.
+
+Output directories are filled by hard links (copies across filesystems), never
+by symbolic links, so cleaning the store breaks no artifact.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..runtime.manifest import MANIFEST, PACKAGE, file_sha256
+
+STORE_DIR = ".store"
+
+
+def link_or_copy(source: Path, dest: Path) -> None:
+    """A hard link survives removal of the other name; copy across filesystems."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
+class Store:
+    """`<output_root>/.store/{packages,artifacts}/<key>/` with a `sha256` list."""
+
+    def __init__(self, output_root: Path) -> None:
+        self.root = Path(output_root) / STORE_DIR
+
+    def get(self, kind: str, key: str) -> Path | None:
+        """The entry for `key`, if present and every file in it intact."""
+        entry = self.root / kind / key
+        try:
+            recorded = dict(line.split("  ", 1)[::-1] for line in (entry / "sha256").read_text().splitlines())
+        except (OSError, ValueError):
+            return None
+        if all((entry / name).is_file() and file_sha256(entry / name) == sha for name, sha in recorded.items()):
+            return entry
+        shutil.rmtree(entry, ignore_errors=True)  # damaged: rebuild rather than trust it
+        return None
+
+    def put(self, kind: str, key: str, files: list[Path]) -> None:
+        """Keep `files` under `key`; the entry appears whole or not at all."""
+        entry = self.root / kind / key
+        if entry.exists():
+            return
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=entry.parent))
+        except OSError:
+            return  # the store is an optimisation: a read-only root just goes without
+        try:
+            lines = []
+            for path in files:
+                link_or_copy(path, staging / path.name)
+                lines.append(f"{file_sha256(path)}  {path.name}")
+            (staging / "sha256").write_text("\n".join(lines) + "\n")
+            os.rename(staging, entry)
+        except OSError:
+            pass  # another build stored it first
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def package(self, graph_key: str) -> Path | None:
+        entry = self.get("packages", graph_key)
+        return entry / PACKAGE if entry else None
+
+    def prune(self, everything: bool = False) -> list[Path]:
+        """Remove entries no output directory links to any more (or all of them)."""
+        removed = []
+        for kind in ("packages", "artifacts"):
+            for entry in sorted((self.root / kind).glob("*")) if (self.root / kind).is_dir() else []:
+                files = [p for p in entry.iterdir() if p.name not in ("sha256", MANIFEST)]
+                if everything or all(p.stat().st_nlink <= 1 for p in files):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(entry)
+        return removed

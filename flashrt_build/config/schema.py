@@ -1,0 +1,243 @@
+"""Structured-config schema: one dataclass per config group.
+
+Registered in Hydra's ConfigStore as the base of `conf/config.yaml`, so every
+group file is merged into a typed node: a wrong type, an unknown key or a
+missing required key fails at composition with Hydra's message naming the key.
+Keys added on the command line with `+` escape that check; `unknown_keys`
+walks a composed config against the schema to catch them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from ..errors import ConfigError
+
+
+class WeightsMode(str, Enum):
+    """Where the weights live: inside the package or in a safetensors sidecar."""
+
+    baked = "baked"
+    external = "external"
+
+
+@dataclass
+class DimConfig:
+    """A dynamic range for one axis of an input, turned into `torch.export.Dim`."""
+
+    min: int = MISSING
+    max: int = MISSING
+    # Axes that must always be equal (input_ids and attention_mask on the
+    # sequence axis) share one name; unnamed axes get `<input>_<axis>`.
+    name: str | None = None
+
+
+@dataclass
+class InputConfig:
+    """One example input of the module's forward."""
+
+    shape: list[int] = MISSING
+    dtype: str = "float32"
+    # Keys are axis numbers; `Any` so a command-line override (`dynamic.0.max=8`)
+    # can address them as well as YAML can.
+    dynamic: dict[Any, DimConfig] = field(default_factory=dict)
+    # Value range for integer inputs (token ids): low inclusive, high exclusive.
+    low: int | None = None
+    high: int | None = None
+    # Passed positionally, in the order listed, instead of by keyword.
+    positional: bool = False
+
+
+@dataclass
+class ModuleConfig:
+    """The module to build: what to instantiate and how to call it."""
+
+    name: str = MISSING
+    # The node given to hydra.utils.instantiate: `_target_` plus its arguments.
+    model: Any = MISSING
+    inputs: dict[str, InputConfig] = MISSING
+    # Constant keyword arguments baked into the graph (use_cache: false).
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # A safetensors file or torch state dict, loaded strictly before export.
+    checkpoint: str | None = None
+
+
+@dataclass
+class TargetConfig:
+    """The device and dtype the module is cast to and compiled for."""
+
+    name: str = "cpu"
+    device: str = "cpu"
+    dtype: str = "float32"
+    # CPU instruction set level for -march (x86-64-v3, ...); null: Inductor's
+    # default, -march=native, which ties a package to this CPU. release=true
+    # uses x86-64-v3 when null.
+    march: str | None = None
+    # CUDA float32 only: TensorFloat-32 matmuls and convolutions (faster, about
+    # 1e-3 relative error) in the build, its verification and every call of
+    # the loaded package; false keeps full float32 precision.
+    tf32: bool = False
+
+
+@dataclass
+class InductorConfig:
+    """Inductor options passed through to AOTInductor, validated against torch's."""
+
+    name: str = "default"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VerifyConfig:
+    """Parity of the package against the eager module before publishing."""
+
+    enabled: bool = True
+    # null: the per-dtype default (see flashrt_build.stages.verify.DEFAULT_TOLERANCES).
+    atol: float | None = None
+    rtol: float | None = None
+    # Calls on the example shape after the probes, so state updates are checked over time.
+    repeat: int = 3
+    # Seconds the fresh verification process may take before it counts as hung.
+    timeout: float = 600.0
+    # Time the package against eager and torch.compile in the verification process.
+    bench: bool = False
+
+
+@dataclass
+class ToolchainConfig:
+    """The C++ compiler Inductor uses (its `cpp.cxx`); null: Inductor's default
+    (the CXX variable, else g++). Recorded in the manifest either way."""
+
+    cxx: str | None = None
+
+
+@dataclass
+class BuildConfig:
+    """One build. `module` is added with `+module=NAME`."""
+
+    module: ModuleConfig | None = None
+    target: TargetConfig = field(default_factory=TargetConfig)
+    inductor: InductorConfig = field(default_factory=InductorConfig)
+    weights: WeightsMode = WeightsMode.baked
+    output_root: str = "outputs"
+    # Exact directory for this build; null derives it from the module name and
+    # the config choices (never a timestamp).
+    output_dir: str | None = None
+    # Suffix of the derived directory; the CLI sets it from any overrides that
+    # are not group choices, so two variants of one sweep never share a dir.
+    variant: str | None = None
+    # Seeds the example inputs and the module's random initialisation.
+    seed: int = 0
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    toolchain: ToolchainConfig = field(default_factory=ToolchainConfig)
+    # fnmatch patterns every `_target_` of the module must match, checked before
+    # anything is imported; empty allows any (release=true adds the shipped zoo).
+    allowed_targets: list[str] = field(default_factory=list)
+    release: bool = False
+    # Rebuild even when the artifact in place has this build key.
+    force: bool = False
+    # CPU threads one build may use (Inductor's compile workers, the
+    # verification process); null: all cores, or in a parallel sweep the cores
+    # divided among the concurrent jobs. Not part of the build key: the code
+    # Inductor generates does not depend on it.
+    threads: int | None = None
+
+
+SCHEMA_NAME = "flashrt_build_schema"
+
+
+def register_schema() -> None:
+    """Store the schema so `conf/config.yaml` can name it in its defaults."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=BuildConfig)
+
+
+def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:
+    """Every key of `config` that the schema does not define, each naming its
+    full dotted key, its value and the closest valid key. Free-form places
+    (the module's constructor arguments, `module.kwargs`, Inductor's options)
+    take any key."""
+    problems: list[ConfigError] = []
+    _walk(config, BuildConfig, [], problems)
+    return problems
+
+
+def _walk(value: Any, node: Any, path: list[str], problems: list[ConfigError]) -> None:
+    node = _unwrap_optional(node)
+    if not isinstance(value, Mapping):
+        return
+    if dataclasses.is_dataclass(node):
+        fields = typing.get_type_hints(node)
+        for key, item in value.items():
+            if key in fields:
+                _walk(item, fields[key], [*path, str(key)], problems)
+            else:
+                problems.append(_unknown(path, str(key), item))
+    elif typing.get_origin(node) is dict:
+        item_type = typing.get_args(node)[1]
+        for key, item in value.items():
+            _walk(item, item_type, [*path, str(key)], problems)
+
+
+def _unknown(path: list[str], key: str, value: Any) -> ConfigError:
+    # `+inductr.options.max_autotune=true` arrives as {inductr: {options: {max_autotune: true}}}:
+    # name the key as the user typed it.
+    typed = [key]
+    while isinstance(value, Mapping) and len(value) == 1:
+        ((child, value),) = value.items()
+        typed.append(str(child))
+    guess = _closest(path, typed)
+    if guess:
+        hint = f"did you mean {'.'.join(guess)}?"
+    else:
+        siblings = sorted(typing.get_type_hints(_node_at(path)))
+        hint = f"valid keys{' under ' + '.'.join(path) if path else ''}: {', '.join(siblings)}"
+    return ConfigError(".".join([*path, *typed]), value, f"not a config key; {hint}")
+
+
+def _closest(path: list[str], typed: list[str]) -> list[str] | None:
+    """The valid key nearest to `path + typed`: each unknown part replaced by
+    its closest sibling, free-form parts kept; None when the first unknown part
+    resembles nothing."""
+    node: Any = BuildConfig
+    guess: list[str] = []
+    for part in [*path, *typed]:
+        node = _unwrap_optional(node)
+        if dataclasses.is_dataclass(node):
+            fields = typing.get_type_hints(node)
+            match = part if part in fields else next(iter(difflib.get_close_matches(part, fields, n=1)), None)
+            if match is None:
+                return guess if len(guess) > len(path) else None
+            guess.append(match)
+            node = fields[match]
+        elif typing.get_origin(node) is dict:
+            guess.append(part)
+            node = typing.get_args(node)[1]
+        else:  # free-form from here on
+            guess.append(part)
+    return guess
+
+
+def _node_at(path: list[str]) -> Any:
+    node: Any = BuildConfig
+    for part in path:
+        node = _unwrap_optional(node)
+        node = typing.get_type_hints(node)[part] if dataclasses.is_dataclass(node) else typing.get_args(node)[1]
+    return _unwrap_optional(node)
+
+
+def _unwrap_optional(node: Any) -> Any:
+    """`X | None` is `X` here: a None value has no keys to check."""
+    if typing.get_origin(node) in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(node) if arg is not type(None)]
+        return options[0] if len(options) == 1 else Any
+    return node

@@ -1,0 +1,135 @@
+"""Checkpoints against a built package: read them, compare them, bind them.
+
+The comparison needs only names, shapes and dtypes, so `check` answers without
+loading the package or any tensor data. `load` uses the same comparison
+before binding, because torch accepts a wrong shape silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, WeightsMismatch, first_lines
+from .manifest import read_manifest
+
+
+def read_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A state dict from a safetensors file or a torch file, never unpickling code."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device=str(device))
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        raise ConfigError("module.checkpoint", str(path), f"not a readable state dict ({first_lines(exc)})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # the Lightning layout
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError("module.checkpoint", str(path), "expected a mapping of names to tensors")
+    return state
+
+
+def checkpoint_table(path: Path) -> dict[str, tuple[list[int], str]]:
+    """Name -> (shape, dtype) of a checkpoint, reading no tensor data if it is safetensors."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        table = {}
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                sl = f.get_slice(name)
+                table[name] = (list(sl.get_shape()), _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype()))
+        return table
+    return {name: (list(t.shape), dtype_name(t.dtype)) for name, t in read_checkpoint(path, "meta").items()}
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def required(entry: Mapping[str, Any]) -> bool:
+    """A checkpoint must supply parameters and persistent buffers; constants of
+    the forward's code and non-persistent buffers default to the build's values."""
+    return entry["kind"] == "parameter" or (entry["kind"] == "buffer" and entry.get("persistent", True))
+
+
+def match_names(
+    entries: list[Mapping[str, Any]], names: Iterable[str], unused: Iterable[str] = ()
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """Pair package FQNs with a checkpoint's names (its own, its export name, or
+    a tied alias); names the graph never reads (`unused`) are neither bound nor
+    unexpected. Returns (fqn -> checkpoint name, missing fqns, unexpected names)."""
+    names = set(names)
+    chosen: dict[str, str] = {}
+    known: set[str] = set(unused)
+    for entry in entries:
+        candidates = [entry["fqn"], entry.get("source"), *entry.get("aliases", [])]
+        known.update(c for c in candidates if c)
+        found = next((c for c in candidates if c in names), None)
+        if found is not None:
+            chosen[entry["fqn"]] = found
+    missing = [e["fqn"] for e in entries if e["fqn"] not in chosen and required(e)]
+    unexpected = sorted(names - known)
+    return chosen, missing, unexpected
+
+
+def compare(
+    entries: list[Mapping[str, Any]],
+    table: Mapping[str, tuple[list[int], str]],
+    device: torch.device | None = None,
+    devices: Mapping[str, torch.device] | None = None,
+    unused: Iterable[str] = (),
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Every difference between a package's tensors and a checkpoint, by kind."""
+    chosen, missing, unexpected = match_names(entries, table, unused)
+    by_fqn = {e["fqn"]: e for e in entries}
+    problems: dict[str, list[str]] = {"missing": missing, "unexpected": unexpected}
+    for fqn, name in sorted(chosen.items()):
+        shape, dtype = table[name]
+        want = by_fqn[fqn]
+        if list(shape) != want["shape"]:
+            problems.setdefault("wrong shape", []).append(f"{name} {list(shape)} (package expects {want['shape']})")
+        if dtype != want["dtype"]:
+            problems.setdefault("wrong dtype", []).append(f"{name} {dtype} (package expects {want['dtype']})")
+        if device is not None and devices is not None and not _same_device(devices[name], device):
+            problems.setdefault("wrong device", []).append(f"{name} on {devices[name]} (package runs on {device})")
+    return chosen, {kind: names for kind, names in problems.items() if names}
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.type != "cuda" or (a.index or 0) == (b.index or 0))
+
+
+def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str, list[str]]:
+    """Does `checkpoint` fit the package in `output_dir`? Every difference, by
+    kind; empty when it fits. Loads neither the package nor tensor data."""
+    manifest = read_manifest(Path(output_dir))
+    if not Path(checkpoint).is_file():
+        raise ConfigError("checkpoint", str(checkpoint), "no such file")
+    weights = manifest["weights"]
+    _, problems = compare(weights["tensors"], checkpoint_table(Path(checkpoint)), unused=weights.get("unused", []))
+    return problems
+
+
+__all__ = ["WeightsMismatch", "check_checkpoint", "checkpoint_table", "compare", "read_checkpoint"]

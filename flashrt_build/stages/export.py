@@ -1,0 +1,179 @@
+"""Stage 4: capture the module as one graph with torch.export.
+
+A graph break or any export failure is an error naming the module target and
+torch's reason. There is no fallback to a partial graph or to eager.
+
+A module that mutates its buffers in forward (a step counter, running
+statistics, a cache) is exported with that state as an explicit input and
+output: a compiled package that kept the buffer as an internal constant would
+read a stale value from its second call on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..config.spec import BuildSpec
+from ..errors import ExportError, first_lines
+from ..runtime.manifest import STATE_KWARG
+from .inputs import ExampleInputs
+
+log = logging.getLogger(__name__)
+_exporting = False
+
+# The wrapper's attribute holding the user's module: package FQNs start with it.
+WRAPPED = "module"
+
+
+def is_exporting() -> bool:
+    """True while flashrt_build traces a module, so model code can step
+    Python-side bookkeeping (counters, caches, logging) aside."""
+    return _exporting or torch.compiler.is_exporting()
+
+
+@contextlib.contextmanager
+def _exporting_flag() -> Iterator[None]:
+    global _exporting
+    previous, _exporting = _exporting, True
+    # On a failed guard, symbolic_shapes logs whole graph dumps as warnings;
+    # the ExportError already carries the reason.
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    shapes_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        _exporting = previous
+        shapes_log.setLevel(level)
+
+
+class ThreadedState(torch.nn.Module):
+    """Runs `module` with the given buffers in place of its own and returns
+    their new values: state in, state out, nothing mutated inside the graph."""
+
+    def __init__(self, module: torch.nn.Module, names: list[str]) -> None:
+        super().__init__()
+        setattr(self, WRAPPED, module)
+        self.names = names
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+        state = {name: tensor.clone() for name, tensor in kwargs.pop(STATE_KWARG).items()}
+        out = torch.func.functional_call(getattr(self, WRAPPED), state, args, kwargs, strict=False)
+        return out, {name: state[name] for name in self.names}
+
+
+def threaded(module: torch.nn.Module, names: list[str], positional: list[str], keyword: list[str]) -> ThreadedState:
+    """A ThreadedState whose forward has the module's input names as its
+    signature, which torch.export needs to match dynamic shapes to inputs."""
+
+    def forward(self: ThreadedState, *args: Any, **kwargs: Any) -> Any:
+        return ThreadedState.forward(self, *args, **kwargs)
+
+    P = inspect.Parameter
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [P("self", P.POSITIONAL_OR_KEYWORD)]
+        + [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
+        + [P(n, P.KEYWORD_ONLY) for n in [*keyword, STATE_KWARG]]
+    )
+    cls = type("ThreadedState", (ThreadedState,), {"forward": forward})
+    return cls(module, names)
+
+
+@dataclass
+class Exported:
+    """The exported program and, for a stateful module, its threaded buffers."""
+
+    program: torch.export.ExportedProgram
+    state: list[str] = field(default_factory=list)
+
+    @property
+    def prefix(self) -> str:
+        """What the package's FQNs start with, relative to the user's module."""
+        return f"{WRAPPED}." if self.state else ""
+
+
+def export_module(module: torch.nn.Module, spec: BuildSpec, example: ExampleInputs, dynamic_shapes: object) -> Exported:
+    """`torch.export.export` with the spec's dynamic shapes, errors made plain."""
+    try:
+        program = _export(module, spec, example.args, example.kwargs, dynamic_shapes)
+    except ExportError:
+        _check_eager_forward(module, spec, example)
+        raise
+    mutated = mutated_buffers(program, spec)
+    if not mutated:
+        return Exported(program)
+    log.info("threading mutated buffers through the package as explicit state: %s", ", ".join(mutated))
+    state = {name: module.get_buffer(name) for name in mutated}
+    kwargs = {**example.kwargs, STATE_KWARG: state}
+    positional = [i.name for i in spec.inputs if i.positional]
+    wrapper = threaded(module, mutated, positional, list(example.kwargs))
+    # torch.export maps dynamic shapes through the wrapper's named signature.
+    combined = dict(zip(positional, example.args, strict=True)) | example.kwargs
+    shapes = {name: _shape_of(dynamic_shapes, value) for name, value in combined.items()}
+    shapes[STATE_KWARG] = dict.fromkeys(mutated)
+    program = _export(wrapper, spec, example.args, kwargs, shapes)
+    left = mutated_buffers(program, spec)
+    if left:
+        raise ExportError(f"{spec.target} still mutates buffers {left} after threading them as state")
+    return Exported(program, mutated)
+
+
+def _check_eager_forward(module: torch.nn.Module, spec: BuildSpec, example: ExampleInputs) -> None:
+    """When export fails, say so plainly if the forward fails without export too."""
+    try:
+        with torch.no_grad():
+            module(*example.args, **example.kwargs)
+    except Exception as exc:
+        shapes = {k: list(v.shape) for k, v in example.kwargs.items() if isinstance(v, torch.Tensor)}
+        shapes |= {f"arg{i}": list(a.shape) for i, a in enumerate(example.args)}
+        raise ExportError(
+            f"the forward of {spec.target} raises {type(exc).__name__} on the example inputs {shapes}, "
+            f"without torch.export: {first_lines(exc)} (check module.inputs)"
+        ) from exc
+
+
+def _shape_of(shapes: Any, value: Any) -> Any:
+    """A tensor's entry in a ShapesCollection, without adding one."""
+    return shapes._shapes.get(id(value)) if isinstance(value, torch.Tensor) else None
+
+
+def mutated_buffers(program: torch.export.ExportedProgram, spec: BuildSpec) -> list[str]:
+    """Buffers the forward writes: functionalisation lists them as mutation outputs."""
+    try:
+        functional = program.run_decompositions({})
+    except Exception as exc:
+        raise ExportError(f"could not functionalise the graph of {spec.target}: {first_lines(exc)}") from exc
+    return sorted(set(functional.graph_signature.buffers_to_mutate.values()))
+
+
+def _export(
+    module: torch.nn.Module, spec: BuildSpec, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: object
+) -> torch.export.ExportedProgram:
+    # A failed export prints its partial graph to stderr; keep it at debug
+    # level instead of burying the one-line error under it.
+    printed = io.StringIO()
+    try:
+        with _exporting_flag(), torch.no_grad(), contextlib.redirect_stderr(printed):
+            return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
+    except Exception as exc:
+        log.debug("torch.export printed:\n%s", printed.getvalue())
+        where = _user_frame(printed.getvalue())
+        raise ExportError(
+            f"torch.export could not capture {spec.target} as one graph"
+            f"{f' at {where}' if where else ''} ({type(exc).__name__}): {first_lines(exc, 4)}"
+        ) from exc
+
+
+def _user_frame(partial_graph: str) -> str | None:
+    """The last source line the partial graph reached: where tracing stopped."""
+    frames = re.findall(r"# File: (.+?), code: (.+)", partial_graph)
+    return f"{frames[-1][0]}: `{frames[-1][1].strip()}`" if frames else None

@@ -1,0 +1,108 @@
+"""Stage 5: compile the exported graph with AOTInductor into a `.pt2` package."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fcntl
+import re
+import shutil
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config.schema import WeightsMode
+from ..errors import CompileError, ConfigError, first_lines, raise_all
+
+# Options flashrt_build sets itself, whatever the profile says.
+FORCED_OPTIONS: dict[str, Any] = {
+    # Tiny constants would otherwise be inlined into the code and vanish from
+    # get_constant_fqns(), so the manifest could not list every weight.
+    "always_keep_tensor_constants": True,
+}
+
+
+def mode_options(weights: WeightsMode) -> dict[str, Any]:
+    """Options the weights mode sets: external packages carry no constants."""
+    return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
+
+
+def validate_inductor_options(options: Mapping[str, Any], weights: WeightsMode = WeightsMode.baked) -> dict[str, Any]:
+    """Check option names and value types against torch's Inductor config and
+    add the options flashrt_build sets itself."""
+    forced = {**FORCED_OPTIONS, **mode_options(weights)}
+    known = torch._inductor.config.get_config_copy()
+    problems = []
+    for key, value in options.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            problems.append(
+                ConfigError(
+                    f"inductor.options.{key}", value, f"not an Inductor option in torch {torch.__version__}{hint}"
+                )
+            )
+            continue
+        default = known[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            problems.append(ConfigError(f"inductor.options.{key}", value, "expected true or false"))
+        elif key in forced and value != forced[key]:
+            problems.append(ConfigError(f"inductor.options.{key}", value, f"flashrt_build sets {forced[key]!r} here"))
+    raise_all(problems)
+    return {**options, **forced}
+
+
+def compile_package(
+    program: torch.export.ExportedProgram,
+    options: Mapping[str, Any],
+    package_path: Path,
+    target: str,
+    cache_dir: Path | None = None,
+) -> Path:
+    """AOTInductor compile + package, with `options` already validated.
+
+    `cache_dir`: compile in this Inductor cache directory, emptied first. The
+    cache path ends up in comments, kernel file names and the .so, and a warm
+    cache appends compile commands to the sources, so a release build uses a
+    fresh one at a fixed path.
+    """
+    with contextlib.ExitStack() as stack:
+        if cache_dir is not None:
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+            cache_dir.parent.mkdir(parents=True, exist_ok=True)
+            lock = stack.enter_context(open(f"{cache_dir}.lock", "a"))  # one compile per cache dir at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            cache_dir.mkdir()
+            stack.enter_context(temporary_cache_dir(str(cache_dir)))
+        return _compile(program, options, package_path, target)
+
+
+def _compile(
+    program: torch.export.ExportedProgram, options: Mapping[str, Any], package_path: Path, target: str
+) -> Path:
+    try:
+        path = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(package_path), inductor_configs=dict(options)
+        )
+    except Exception as exc:
+        raise CompileError(
+            f"AOTInductor failed to compile {target} ({type(exc).__name__}): {first_lines(exc, 4)}"
+        ) from exc
+    return Path(path)
+
+
+def package_constant_fqns(path: Path) -> list[str]:
+    """The FQNs a package binds, read from its generated wrapper source, so the
+    build process never runs package code. The verifier cross-checks them
+    against `get_constant_fqns()` in a fresh process."""
+    with zipfile.ZipFile(path) as archive:
+        wrappers = [n for n in archive.namelist() if n.endswith(".wrapper.cpp")]
+        if len(wrappers) != 1:
+            raise CompileError(f"{path} holds {len(wrappers)} wrapper sources; expected one")
+        source = archive.read(wrappers[0]).decode()
+    return re.findall(r'constants_info_\[\d+\]\.original_fqn = "([^"]*)";', source)

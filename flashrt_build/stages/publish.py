@@ -1,0 +1,123 @@
+"""Stage 7: move a verified build into place in one step.
+
+A build is assembled in a staging directory beside its destination (same
+filesystem, so the final move is a rename) while holding a lock on the
+destination; a failed or killed build leaves any previous artifact untouched,
+and the next build removes what a killed one left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..config.paths import check_writable
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+STAGING_PREFIX = ".staging-"
+
+
+@contextlib.contextmanager
+def build_lock(output_dir: Path) -> Iterator[None]:
+    """Serialise builds of one output directory across processes; builds of
+    other directories run side by side. The lock dies with its process."""
+    parent = writable_parent(output_dir)
+    lock_path = parent / f".{output_dir.name}.lock"
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another build of %s to finish (%s)", output_dir, lock_path)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        remove_stale_staging(output_dir)
+        yield
+
+
+def writable_parent(output_dir: Path) -> Path:
+    """The output directory's parent, created."""
+    check_writable(output_dir)
+    try:
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("output_dir", str(output_dir), f"cannot be written ({exc.strerror or exc})") from None
+    return output_dir.parent
+
+
+def remove_stale_staging(output_dir: Path) -> None:
+    """Staging directories of this output dir are ours to remove: the lock is
+    held, so whatever left them was killed."""
+    for stale in output_dir.parent.glob(f"{_staging_prefix(output_dir)}*"):
+        log.info("removing %s, left by an interrupted build", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _staging_prefix(output_dir: Path) -> str:
+    """Readable, and unique to this output dir: the digest keeps `mlp`'s staging
+    from matching `mlp-seed_1`'s when stale ones are cleaned."""
+    digest = hashlib.sha256(output_dir.name.encode()).hexdigest()[:8]
+    return f"{STAGING_PREFIX}{output_dir.name}.{digest}~"
+
+
+@contextlib.contextmanager
+def staging_dir(output_dir: Path) -> Iterator[Path]:
+    """A fresh directory next to `output_dir`, removed unless published."""
+    path = Path(tempfile.mkdtemp(prefix=_staging_prefix(output_dir), dir=writable_parent(output_dir)))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(staging: Path, output_dir: Path) -> None:
+    """Put `staging` at `output_dir` in one atomic step: a reader sees the old
+    artifact or the new one, never neither and never a mix."""
+    _make_readable(staging)
+    if not output_dir.exists():
+        os.rename(staging, output_dir)
+    elif _exchange(staging, output_dir):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the old artifact
+    else:  # a filesystem without RENAME_EXCHANGE: two renames, a moment apart
+        retired = Path(tempfile.mkdtemp(prefix=_staging_prefix(output_dir), dir=output_dir.parent))
+        os.rename(output_dir, retired / "old")
+        os.rename(staging, output_dir)
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _make_readable(directory: Path) -> None:
+    """mkdtemp and some writers create owner-only modes; artifacts get the
+    modes the umask gives ordinary files and directories."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)

@@ -1,0 +1,260 @@
+"""Stage 6: the package must agree with the eager module before it is published.
+
+The package is loaded and run in a fresh Python process, never the build
+process, so a package that crashes its loader fails the build instead of
+killing it. It runs a sequence of calls, the same sequence the eager module
+runs in the build process: the example shape, each dynamic dim at its min, an
+odd size between and its max, then a repeat chain on the example shape, so a
+module that updates its own state is compared at every step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..config.spec import BuildSpec
+from ..errors import LoaderCrash, VerifyError
+from .inputs import make_inputs
+
+log = logging.getLogger(__name__)
+
+# (atol, rtol) per output dtype. A leaf passes when its max absolute error is
+# within atol or its relative error ||out - ref|| / ||ref|| is within rtol.
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-8, 1e-8),
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (1e-2, 1e-2),
+    # bf16 keeps 8 mantissa bits: a 22-layer 1.1B Llama's logits differ from eager
+    # by 2.9% (relative) once Inductor fuses its kernels (H200, torch 2.11).
+    torch.bfloat16: (5e-2, 5e-2),
+}
+
+
+@dataclass
+class LeafResult:
+    path: str
+    shape: list[int]
+    dtype: str
+    max_abs_err: float
+    rel_err: float
+    atol: float
+    rtol: float
+    passed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+    return (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
+
+
+def compare_outputs(out: Any, ref: Any, atol: float | None, rtol: float | None) -> list[LeafResult]:
+    """Compare every leaf of two output trees (tuples, dicts, model outputs)."""
+    out_leaves, out_spec = pytree.tree_flatten(out)
+    ref_leaves, ref_spec = pytree.tree_flatten(ref)
+    if out_spec != ref_spec:
+        raise VerifyError(f"the package returns a different output structure: {out_spec} instead of {ref_spec}")
+    return compare_leaves(out_leaves, ref, atol, rtol)
+
+
+def compare_leaves(out_leaves: list[Any], ref: Any, atol: float | None, rtol: float | None) -> list[LeafResult]:
+    paths = [pytree.keystr(p) or "output" for p, _ in pytree.tree_flatten_with_path(ref)[0]]
+    ref_leaves = pytree.tree_leaves(ref)
+    return [_compare_leaf(path, o, r, atol, rtol) for path, o, r in zip(paths, out_leaves, ref_leaves, strict=True)]
+
+
+def _compare_leaf(path: str, out: Any, ref: Any, atol: float | None, rtol: float | None) -> LeafResult:
+    if not isinstance(ref, torch.Tensor):
+        equal = out == ref
+        err = 0.0 if equal else math.inf
+        return LeafResult(path, [], type(ref).__name__, err, err, 0.0, 0.0, equal)
+    a, r = tolerances(ref.dtype, atol, rtol)
+    dtype = str(ref.dtype).removeprefix("torch.")
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape or out.dtype != ref.dtype:
+        return LeafResult(path, list(ref.shape), dtype, math.inf, math.inf, a, r, False)
+    o64, r64 = out.detach().double().cpu(), ref.detach().double().cpu()
+    # Non-finite values must sit where eager has the same non-finite value.
+    finite = torch.isfinite(r64)
+    same_nonfinite = torch.equal(torch.isnan(o64), torch.isnan(r64)) and torch.equal(
+        o64[torch.isinf(r64)], r64[torch.isinf(r64)]
+    )
+    diff = o64[finite] - r64[finite]
+    if not same_nonfinite or not torch.isfinite(diff).all():
+        return LeafResult(path, list(ref.shape), dtype, math.inf, math.inf, a, r, False)
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    ref_norm = float(r64[finite].norm()) if diff.numel() else 0.0
+    rel = float(diff.norm()) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
+    return LeafResult(path, list(ref.shape), dtype, max_abs, rel, a, r, max_abs <= a or rel <= r)
+
+
+@dataclass
+class Call:
+    """One call of the verification sequence."""
+
+    label: str
+    sizes: dict[str, int]
+    inputs: dict[str, torch.Tensor]  # by input name
+
+
+def plan_calls(spec: BuildSpec, repeat: int) -> list[Call]:
+    """The example, each dim at min / an odd size between / max, then a repeat chain."""
+    probes: list[dict[str, int]] = [{}]
+    dims = {d.name: d for inp in spec.inputs for d in inp.dynamic.values()}
+    for dim in dims.values():
+        for size in (dim.min, _odd_between(dim.min, dim.max), dim.max):
+            if size is not None and {dim.name: size} not in probes:
+                probes.append({dim.name: size})
+    calls = [Call(_label(sizes), sizes, {}) for sizes in probes]
+    calls += [Call(f"repeat {i + 1}", {}, {}) for i in range(repeat)]
+    for i, call in enumerate(calls):
+        example = make_inputs(spec, seed=spec.seed + 1 + i, sizes=call.sizes)
+        positional = iter(example.args)
+        call.inputs = {
+            inp.name: next(positional) if inp.positional else example.kwargs[inp.name] for inp in spec.inputs
+        }
+    return calls
+
+
+def _odd_between(lo: int, hi: int) -> int | None:
+    mid = (lo + hi) // 2
+    mid = mid if mid % 2 else mid + 1
+    return mid if lo < mid < hi else None
+
+
+def _label(sizes: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items()) or "example"
+
+
+def run_eager(module: torch.nn.Module, spec: BuildSpec, calls: list[Call], state: list[str]) -> tuple[list[Any], dict]:
+    """The reference outputs of the sequence, and the module's state after it."""
+    outputs = []
+    with torch.no_grad():
+        for call in calls:
+            args = [call.inputs[i.name] for i in spec.inputs if i.positional]
+            kwargs = {i.name: call.inputs[i.name] for i in spec.inputs if not i.positional}
+            out = module(*args, **kwargs, **spec.kwargs)
+            outputs.append(
+                pytree.tree_map(lambda t: t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t, out)
+            )
+    return outputs, {name: module.get_buffer(name).detach().cpu().clone() for name in state}
+
+
+def run_package(
+    staging: Path, manifest: dict[str, Any], calls: list[Call], timeout: float, work: Path
+) -> dict[str, Any]:
+    """Run the sequence on the package in a fresh process; its outputs, or the
+    reason it failed (a crash is told apart from an error)."""
+    (work / "manifest.json").write_text(json.dumps(manifest))
+    torch.save([{"label": c.label, "inputs": c.inputs} for c in calls], work / "calls.pt")
+    result_path = work / "result.pt"
+    command = [sys.executable, "-m", "flashrt_build.stages.verify_worker", str(staging), str(work)]
+    # The worker imports what this process can: the user's modules included.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+    cxx = manifest["toolchain"]["cxx"]["path"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise LoaderCrash(
+            f"the package hung its loader process past verify.timeout={timeout:g}s and was killed. {_crash_remedy(cxx)}"
+        ) from None
+    log.debug("verify worker output:\n%s%s", done.stdout, done.stderr)
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        raise LoaderCrash(f"the package crashed its loader process with {name}. {_crash_remedy(cxx)}")
+    if done.returncode != 0 or not result_path.is_file():
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise VerifyError(f"loading or running the package in a fresh process failed: {tail}")
+    return torch.load(result_path, weights_only=False)
+
+
+def _crash_remedy(cxx: str) -> str:
+    return (
+        f"The usual cause: the C++ compiler that built it ({cxx}) uses a different C++ standard library "
+        "than the one torch was built with. Set toolchain.cxx to a compiler that matches torch's "
+        "(for example toolchain.cxx=g++-12) and rebuild; `python -m flashrt_build.doctor` checks a toolchain."
+    )
+
+
+def verify(
+    spec: BuildSpec,
+    module: torch.nn.Module,
+    staging: Path,
+    manifest: dict[str, Any],
+    state: list[str],
+    repeat: int,
+    timeout: float,
+) -> dict[str, Any]:
+    """Compare package and eager over the whole sequence; raise on the first
+    mismatch, naming the output leaf, the call, the error and the tolerance."""
+    calls = plan_calls(spec, repeat)
+    with tempfile.TemporaryDirectory(prefix="flashrt-verify-") as work:  # never inside the artifact
+        result = run_package(staging, manifest, calls, timeout, Path(work))
+    expected = sorted(t["fqn"] for t in manifest["weights"]["tensors"])
+    if sorted(result["fqns"]) != expected:
+        raise VerifyError(f"the package binds {sorted(result['fqns'])}, the manifest lists {expected}")
+    references, ref_state = run_eager(module, spec, calls, state)
+    probes = []
+    for call, ref, out in zip(calls, references, result["outputs"], strict=True):
+        if out["spec"] != str(pytree.tree_flatten(ref)[1]):
+            raise VerifyError(f"the package returns a different output structure at {call.label}: {out['spec']}")
+        leaves = compare_leaves(out["leaves"], ref, spec.atol, spec.rtol)
+        probes.append({"label": call.label, "sizes": call.sizes, "outputs": leaves})
+        _raise_on_mismatch(leaves, call.label)
+    state_leaves = compare_leaves(
+        [result["state"][n] for n in state], [ref_state[n] for n in state], spec.atol, spec.rtol
+    )
+    for leaf, name in zip(state_leaves, state, strict=True):
+        leaf.path = f"state.{name}"
+    _raise_on_mismatch(state_leaves, f"the end of the sequence ({len(calls)} calls)")
+    record = _verification_record(probes, state_leaves, spec)
+    if "bench" in result:
+        record["bench"] = result["bench"]
+    return record
+
+
+def _raise_on_mismatch(leaves: list[LeafResult], where: str) -> None:
+    for leaf in leaves:
+        if not leaf.passed:
+            raise VerifyError(
+                f"package output {leaf.path} differs from eager at {where}: max_abs_err={leaf.max_abs_err:.3g} "
+                f"(verify.atol {leaf.atol:g}), rel_err={leaf.rel_err:.3g} (verify.rtol {leaf.rtol:g})"
+            )
+
+
+def _verification_record(probes: list[dict[str, Any]], state: list[LeafResult], spec: BuildSpec) -> dict[str, Any]:
+    """Every call's leaves, plus the worst errors per leaf over all calls."""
+    worst: dict[str, dict[str, float]] = {}
+    for probe in probes:
+        for leaf in probe["outputs"]:
+            w = worst.setdefault(leaf.path, {"max_abs_err": 0.0, "rel_err": 0.0, "atol": leaf.atol, "rtol": leaf.rtol})
+            w["max_abs_err"] = max(w["max_abs_err"], leaf.max_abs_err)
+            w["rel_err"] = max(w["rel_err"], leaf.rel_err)
+    return {
+        "enabled": True,
+        "passed": True,
+        "process": "fresh",
+        "atol": spec.atol,
+        "rtol": spec.rtol,
+        "outputs": [{"path": path, **errs} for path, errs in worst.items()],
+        "state": [leaf.to_json() for leaf in state],
+        "probes": [
+            {"label": p["label"], "sizes": p["sizes"], "passed": True, "outputs": [x.to_json() for x in p["outputs"]]}
+            for p in probes
+        ],
+    }

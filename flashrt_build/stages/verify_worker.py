@@ -1,0 +1,67 @@
+"""The fresh process that loads and runs a package for verification.
+
+    python -m flashrt_build.stages.verify_worker STAGING_DIR WORK_DIR
+
+Reads WORK_DIR/manifest.json (the draft manifest) and WORK_DIR/calls.pt, loads
+the package exactly as `flashrt_build.load` does, runs the calls in order and
+writes WORK_DIR/result.pt. A crash here is reported by the build, not suffered.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..runtime.load import open_package
+from .threads import limit_run_threads
+
+
+def main(staging: Path, work: Path) -> None:
+    limit_run_threads()
+    manifest = json.loads((work / "manifest.json").read_text())
+    calls = torch.load(work / "calls.pt", weights_only=False)
+    model = open_package(staging, manifest)
+    outputs = []
+    with torch.no_grad():
+        for call in calls:
+            leaves, spec = pytree.tree_flatten(model(**call["inputs"]))
+            cpu = [leaf.detach().cpu().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            outputs.append({"leaves": cpu, "spec": str(spec)})
+    result = {
+        "fqns": model.constant_fqns(),
+        "outputs": outputs,
+        "state": {name: t.detach().cpu().clone() for name, t in model.state.items()},
+    }
+    if manifest["config"]["verify"]["bench"]:
+        result["bench"] = bench(manifest, model, calls[0]["inputs"])
+    torch.save(result, work / "result.pt")
+
+
+def bench(manifest: dict, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict:
+    """Time the package against eager and torch.compile of the same module, here."""
+    from ..config.compose import as_build_config
+    from ..config.spec import resolve_spec
+    from .module import instantiate_module
+    from .timing import time_side_by_side
+
+    spec = resolve_spec(as_build_config(manifest["config"]))
+    eager = instantiate_module(spec)
+    compiled = torch.compile(eager)
+    positional = [inputs[i.name] for i in spec.inputs if i.positional]
+    keyword = {i.name: inputs[i.name] for i in spec.inputs if not i.positional} | dict(spec.kwargs)
+    return time_side_by_side(
+        {
+            "eager": lambda: eager(*positional, **keyword),
+            "torch_compile": lambda: compiled(*positional, **keyword),
+            "package": lambda: model(**inputs),
+        },
+        torch.device(spec.device),
+    )
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

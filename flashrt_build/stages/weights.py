@@ -1,0 +1,168 @@
+"""The tensors a package binds: names, kinds, shapes, dtypes, digests.
+
+The names are exactly the package's `get_constant_fqns()`; a tensor of the
+exported program that the package does not bind must be an alias (a tied
+weight) of one it does, otherwise the build fails instead of silently losing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CompileError
+
+
+@dataclass
+class WeightTensor:
+    fqn: str  # the name the package binds
+    kind: str  # parameter | buffer | constant
+    tensor: torch.Tensor
+    source: str  # the name in the exported program
+    persistent: bool = True  # false for buffers left out of state_dict()
+    aliases: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        entry = {
+            "fqn": self.fqn,
+            "shape": list(self.tensor.shape),
+            "dtype": str(self.tensor.dtype).removeprefix("torch."),
+            "kind": self.kind,
+            "sha256": tensor_sha256(self.tensor),
+        }
+        if self.source != self.fqn:
+            entry["source"] = self.source
+        if not self.persistent:
+            entry["persistent"] = False
+        if self.aliases:
+            entry["aliases"] = self.aliases
+        return entry
+
+
+@dataclass
+class InlinedTensor:
+    """A constant of the forward's code compiled into the kernels, not bound."""
+
+    source: str
+    tensor: torch.Tensor
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "shape": list(self.tensor.shape),
+            "dtype": str(self.tensor.dtype).removeprefix("torch."),
+            "kind": "constant",
+            "sha256": tensor_sha256(self.tensor),
+        }
+
+
+def tensor_sha256(tensor: torch.Tensor) -> str:
+    """sha256 of the tensor's bytes in row-major order, whatever its device."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def program_tensors(program: torch.export.ExportedProgram) -> list[tuple[str, str, torch.Tensor]]:
+    """(name, kind, tensor) for every parameter, buffer and lifted constant."""
+    sig = program.graph_signature
+
+    def value(name: str) -> torch.Tensor:
+        return program.state_dict[name] if name in program.state_dict else program.constants[name]
+
+    return (
+        [(n, "parameter", value(n)) for n in sig.parameters]
+        + [(n, "buffer", value(n)) for n in sig.buffers]
+        + [(n, "constant", value(n)) for n in sig.lifted_tensor_constants]
+    )
+
+
+_INDUCTOR_CONSTANT = re.compile(r"^_tensor_constant(\d+)$")
+
+
+def match_package_tensors(
+    program: torch.export.ExportedProgram,
+    package_fqns: Iterable[str],
+    target: str,
+    prefix: str = "",
+    state: Iterable[str] = (),
+) -> tuple[list[WeightTensor], list[InlinedTensor], list[str]]:
+    """Pair each name the package binds with its tensor in the exported program;
+    also returns the code constants Inductor inlined and the names of module
+    tensors the graph never reads (neither bound nor needed)."""
+    package_fqns = list(package_fqns)
+    # Threaded state buffers are inputs of the package, not constants it binds.
+    threaded = {prefix + name for name in state}
+    tensors = [t for t in program_tensors(program) if t[0] not in threaded]
+    by_name = {name: (kind, t) for name, kind, t in tensors}
+    matched = {
+        fqn: WeightTensor(fqn, *by_name[fqn], source=fqn.removeprefix(prefix)) for fqn in package_fqns if fqn in by_name
+    }
+
+    # Inductor renames lifted constants `_tensor_constant<i>`, numbered in the
+    # order the exported program lists them.
+    lifted = [name for name, kind, _ in tensors if kind == "constant" and name not in matched]
+    for fqn in package_fqns:
+        m = _INDUCTOR_CONSTANT.match(fqn)
+        if fqn not in matched and m and int(m.group(1)) < len(lifted):
+            source = lifted[int(m.group(1))]
+            matched[fqn] = WeightTensor(fqn, "constant", by_name[source][1], source=source.removeprefix(prefix))
+    for name in program.graph_signature.non_persistent_buffers:
+        for w in matched.values():
+            if w.source == name.removeprefix(prefix):
+                w.persistent = False
+    unknown = [fqn for fqn in package_fqns if fqn not in matched]
+    if unknown:
+        raise CompileError(f"the package of {target} binds tensors the exported program lacks: {unknown}")
+
+    # Every other program tensor must share storage with a bound one (a tied
+    # weight) or be a constant of the forward's own code that Inductor folded
+    # into the kernels (a one-element literal); a parameter or buffer the
+    # package lost is an error.
+    sources = {prefix + w.source for w in matched.values()} | {w.source for w in matched.values()}
+    inlined: list[InlinedTensor] = []
+    unused = unused_inputs(program)
+    dropped: list[str] = []
+    for name, kind, tensor in tensors:
+        if name in sources:
+            continue
+        owner = next((w for w in matched.values() if _same_storage(w.tensor, tensor)), None)
+        if owner is not None:  # export routes a tied weight's uses through one name
+            owner.aliases.append(name.removeprefix(prefix))
+        elif name in unused and kind != "constant":  # never read: BatchNorm's num_batches_tracked in eval
+            dropped.append(name.removeprefix(prefix))
+        elif kind == "constant":
+            inlined.append(InlinedTensor(name.removeprefix(prefix), tensor))
+        else:
+            raise CompileError(
+                f"the package of {target} does not bind {kind} '{name}' {list(tensor.shape)}: Inductor "
+                "inlined or dropped it, so it could not be listed or replaced"
+            )
+    return [matched[fqn] for fqn in sorted(matched)], inlined, sorted(dropped)
+
+
+def unused_inputs(program: torch.export.ExportedProgram) -> set[str]:
+    """Parameters, buffers and constants the exported graph never reads."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    return {
+        spec.target
+        for spec in program.graph_signature.input_specs
+        if spec.target is not None and not placeholders[spec.arg.name].users
+    }
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+
+
+def write_sidecar(path: Path, tensors: list[WeightTensor]) -> Path:
+    """The tensors the package binds, keyed by FQN, in one safetensors file."""
+    from safetensors.torch import save_file
+
+    save_file({t.fqn: t.tensor.detach().to("cpu").contiguous() for t in tensors}, str(path))
+    return path

@@ -1,0 +1,45 @@
+"""The process that runs one build of a sweep.
+
+    python -m flashrt_build.sweep.build_process JOB_DIR
+
+Builds JOB_DIR/build_config.yaml and writes JOB_DIR/build_result.json; logs
+go to stderr as LEVEL|message for `flashrt_build.sweep.job` to relay.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from ..errors import FlashrtError, log_failure, quiet_known_warnings
+from .job import BUILD_CONFIG, BUILD_RESULT, failure
+
+log = logging.getLogger("flashrt_build")
+
+
+def main(job_dir: Path) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s|%(message)s", stream=sys.stdout)
+    quiet_known_warnings()
+    cfg = OmegaConf.load(job_dir / BUILD_CONFIG)
+    outcome: dict[str, Any]
+    try:
+        from ..pipeline import build
+
+        outcome = {"status": build(cfg).status}
+    except FlashrtError as exc:
+        log_failure(log, exc)
+        outcome = failure(exc)
+    except Exception as exc:  # not raised on purpose: a bug, reported as this job's failure
+        log.exception("unexpected error")
+        outcome = failure(exc, exit_code=1)
+    (job_dir / BUILD_RESULT).write_text(json.dumps(outcome) + "\n")
+    return int(outcome.get("exit_code", 0))
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

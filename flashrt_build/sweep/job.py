@@ -1,0 +1,169 @@
+"""One job of a sweep (a Hydra multirun): its build runs in a fresh process,
+and it leaves a record in its job directory for the sweep summary.
+
+A fresh process per build because launchers reuse theirs (the basic launcher
+runs every job in one process, joblib's workers take job after job) and a
+build changes process state: imported user modules, torch's and Inductor's
+globals, thread counts. So nothing leaks from one job into the next, and a
+crash (a segfaulting compiler, the OOM killer) fails one job, not the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import FlashrtError, log_failure
+from ..runtime.manifest import MANIFEST, read_manifest
+from ..stages.threads import available_cpus, job_threads, threads_env
+from .gpus import gpu_slot
+
+log = logging.getLogger("flashrt_build")
+
+RECORD = "flashrt_job.json"  # what the summary reads, one per job directory
+BUILD_CONFIG = "build_config.yaml"  # the job's resolved config, for its build process
+BUILD_RESULT = "build_result.json"  # what the build process reports back
+
+
+def run_sweep_job(cfg: DictConfig) -> int:
+    """Build one job of a multirun and record the outcome; returns its exit code."""
+    from ..cache.reuse import reuse_config
+
+    hydra = HydraConfig.get()
+    job_dir = Path(hydra.runtime.output_dir)
+    threads = cfg.get("threads") or job_threads(hydra.launcher, available_cpus())
+    record: dict[str, Any] = {
+        "job": hydra.job.num,
+        "overrides": list(hydra.overrides.task),
+        "status": "running",  # stays so if this process dies: the summary reports it
+        "job_dir": str(job_dir.resolve()),
+        "log": str((job_dir / f"{hydra.job.name}.log").resolve()),
+        "overrides_file": str((job_dir / hydra.output_subdir / "overrides.yaml").resolve())
+        if hydra.output_subdir
+        else None,
+        "threads": threads,
+    }
+    _write_record(job_dir, record)
+    start = time.perf_counter()
+    record["started_at"] = time.time()  # wall clock: a sweep's timeline across processes and GPUs
+    try:
+        spec, reused = reuse_config(cfg)  # torch-free: an up-to-date job costs a fraction of a second
+        record.update(name=spec.name, output_dir=str(spec.output_dir))
+        if reused is not None:
+            outcome: dict[str, Any] = {"status": reused[0]}
+        else:
+            with gpu_slot(spec.device) as gpu_env:  # one build per GPU at a time
+                record["gpu"] = (gpu_env or {}).get("FLASHRT_GPU")
+                record["build_started_at"] = time.time()
+                tag = f"[job {hydra.job.num}{'' if record['gpu'] is None else ' gpu ' + record['gpu']}]"
+                outcome = _build_in_fresh_process(cfg, job_dir, threads, tag, gpu_env or {})
+                record["build_finished_at"] = time.time()
+    except FlashrtError as exc:
+        log_failure(log, exc)
+        outcome = failure(exc)
+    record["finished_at"] = time.time()
+    record["wall_s"] = round(time.perf_counter() - start, 3)
+    record.update(_row_fields(outcome, record.get("output_dir")))
+    _write_record(job_dir, record)
+    return int(record["exit_code"])
+
+
+def _build_in_fresh_process(
+    cfg: DictConfig, job_dir: Path, threads: int | None, tag: str, extra_env: dict[str, str]
+) -> dict[str, Any]:
+    """Run `python -m flashrt_build.sweep.build_process` on the job's resolved config, relaying
+    its log lines (tagged with the job) into this job's log."""
+    OmegaConf.save(cfg, job_dir / BUILD_CONFIG, resolve=True)
+    (job_dir / BUILD_RESULT).unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if threads:
+        env.update(threads_env(threads))
+    env.update(extra_env)  # the GPU this build holds, visible before CUDA starts
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flashrt_build.sweep.build_process", str(job_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    assert process.stdout is not None
+    level = logging.INFO
+    for line in process.stdout:
+        name, sep, message = line.rstrip("\n").partition("|")
+        if sep and name in logging.getLevelNamesMapping():  # the build process's "LEVEL|message"
+            level = logging.getLevelNamesMapping()[name]
+        else:  # a continuation line (a traceback) or a library's own print
+            message = line.rstrip("\n")
+        log.log(level, "%s %s", tag, message)
+    code = process.wait()
+    result = job_dir / BUILD_RESULT
+    if result.is_file():
+        return json.loads(result.read_text())
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    message = f"the build process {how} before reporting a result (see the job log)"
+    log.error("%s %s", tag, message)
+    return {"status": "failed", "exit_code": 1, "error": {"type": "BuildProcessDied", "message": message}}
+
+
+def failure(exc: BaseException, exit_code: int | None = None) -> dict[str, Any]:
+    """A failed job's outcome: its exit code, the error's type and message."""
+    code = exit_code if exit_code is not None else getattr(exc, "exit_code", 1)
+    return {"status": "failed", "exit_code": code, "error": {"type": type(exc).__name__, "message": str(exc)}}
+
+
+def _row_fields(outcome: dict[str, Any], output_dir: str | None) -> dict[str, Any]:
+    """The summary's view of an outcome: status, and what the manifest says."""
+    status = outcome["status"]
+    fields: dict[str, Any] = {
+        # "from_store": linked from an identical stored build, so up to date without building
+        "status": "up_to_date" if status == "from_store" else status,
+        "from_store": status == "from_store",
+        "exit_code": outcome.get("exit_code", 0),
+        "error": outcome.get("error"),
+    }
+    if status != "failed" and output_dir is not None:
+        fields.update(manifest_fields(Path(output_dir)))
+    return fields
+
+
+def manifest_fields(output_dir: Path) -> dict[str, Any]:
+    """What a sweep summary row shows of a published artifact."""
+    manifest = read_manifest(output_dir)
+    verification = manifest["verification"]
+    outputs = verification.get("outputs") or []
+    worst = max(outputs, key=lambda o: o.get("max_abs_err") or 0.0, default=None)
+    bench = verification.get("bench", {}).get("ms")
+    return {
+        "manifest": str((output_dir / MANIFEST).resolve()),
+        "package": {k: manifest["package"][k] for k in ("file", "sha256", "bytes")},
+        "weights": {k: manifest["weights"].get(k) for k in ("mode", "file", "sha256", "bytes")},
+        "state": {k: manifest["state"][k] for k in ("file", "sha256")} if manifest.get("state") else None,
+        "build_key": manifest["build_key"],
+        "graph_key": manifest.get("graph_key"),
+        "timings": manifest.get("timings", {}),
+        "verification": {
+            "verdict": "passed" if verification.get("passed") else "off" if not verification["enabled"] else "failed",
+            "worst": None
+            if worst is None
+            else {k: worst.get(k) for k in ("path", "max_abs_err", "rel_err", "atol", "rtol")},
+        },
+        "latency_ms": {name: row["median"] for name, row in bench.items()} if bench else None,
+    }
+
+
+def _write_record(job_dir: Path, record: dict[str, Any]) -> None:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job_dir / f".{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(job_dir / RECORD)

@@ -1,0 +1,21 @@
+"""The build key's ingredients: pure logic, nothing is compiled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import flashrt_build
+from flashrt_build.cache.key import key_ingredients, source_tree_sha256
+from flashrt_build.config.compose import compose
+from flashrt_build.config.spec import resolve_spec
+
+
+def test_the_tool_ingredient_covers_every_folder_of_flashrt_build() -> None:
+    """The key's `flashrt_build` ingredient hashes the whole package: a change
+    in any stage (stages/, runtime/, ...) must invalidate built artifacts."""
+    package = Path(flashrt_build.__file__).resolve().parent
+    sha, files = source_tree_sha256(str(package))
+    assert key_ingredients(resolve_spec(compose(["+module=mlp"])))["flashrt_build"] == sha
+    assert files == len(list(package.rglob("*.py"))) and {"stages", "runtime", "config"} <= {
+        p.parent.name for p in package.rglob("*.py")
+    }

@@ -1,0 +1,297 @@
+"""Config composition and validation: pure logic, nothing is compiled."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from flashrt_build.cli import variant_of
+from flashrt_build.config.compose import CONF_DIR, as_build_config, compose
+from flashrt_build.config.schema import WeightsMode
+from flashrt_build.config.spec import flatten_options, resolve_spec
+from flashrt_build.errors import ConfigError
+
+SHIPPED = sorted(p.stem for p in (CONF_DIR / "module").glob("*.yaml"))
+
+
+def user_module(conf_dir: Path, inputs: str) -> Path:
+    """A user's own module config `mine` in `conf_dir`, as `--config-dir` expects."""
+    (conf_dir / "module").mkdir(exist_ok=True)
+    (conf_dir / "module" / "mine.yaml").write_text(
+        f"name: mine\nmodel: {{_target_: torch.nn.Identity}}\ninputs: {inputs}\n"
+    )
+    return conf_dir
+
+
+def spec_of(*overrides: str, cwd: Path | None = None):
+    return resolve_spec(compose(["+module=mlp", *overrides]), cwd)
+
+
+def config_error(*overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        spec_of(*overrides)
+    return info.value
+
+
+def test_shipped_modules_are_the_documented_ones() -> None:
+    assert {"mlp", "gpt2_tiny", "bert_tiny"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize("weights", ["baked", "external"])
+def test_every_shipped_config_composes_and_validates(name: str, target: str, weights: str) -> None:
+    spec = resolve_spec(compose([f"+module={name}", f"target={target}", f"weights={weights}"]))
+    assert spec.name == name
+    assert spec.weights is WeightsMode(weights)
+    assert spec.inputs and all(all(n > 0 for n in i.shape) for i in spec.inputs)
+    assert spec.output_dir.parts[-2:] == (name, f"{target}-{weights}-default")
+
+
+def test_mlp_spec_resolves_types_and_dynamic_dims() -> None:
+    spec = spec_of()
+    (x,) = spec.inputs
+    assert (x.name, x.shape, x.dtype) == ("x", (4, 16), "float32")
+    assert x.dynamic[0].name == "batch" and (x.dynamic[0].min, x.dynamic[0].max) == (1, 64)
+    assert spec.target == "flashrt_build.examples.MLP"
+    assert (spec.device, spec.dtype) == ("cpu", "float32")
+
+
+def test_bert_shares_one_sequence_dim() -> None:
+    spec = resolve_spec(compose(["+module=bert_tiny"]))
+    assert {i.dynamic[1].name for i in spec.inputs} == {"seq"}
+    assert spec.inputs[0].low == 0 and spec.inputs[0].high == 1000
+
+
+def test_dtype_aliases_are_canonical() -> None:
+    assert spec_of("target.dtype=bf16").dtype == "bfloat16"
+
+
+def test_no_module_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"module.*\+module=NAME"):
+        resolve_spec(compose([]))
+
+
+def test_unknown_module_name_is_rejected_by_hydra_listing_the_options() -> None:
+    with pytest.raises(ConfigCompositionException, match="mlp"):
+        compose(["+module=nope"])
+
+
+def test_unknown_key_is_rejected_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException, match="colour"):
+        compose(["+module=mlp", "module.inputs.x.colour=red"])
+
+
+def test_unknown_key_in_a_user_module_file_is_rejected(tmp_path: Path) -> None:
+    user_module(tmp_path, "{x: {shape: [2], colour: red}}")
+    with pytest.raises(
+        ConfigCompositionException, match=r"Key 'colour' not in 'InputConfig'(.|\n)*module.inputs.x.colour"
+    ):
+        compose(["+module=mine"], config_dir=tmp_path)
+
+
+def test_user_config_dir_adds_modules(tmp_path: Path) -> None:
+    user_module(tmp_path, "{x: {shape: [2, 3]}}")
+    spec = resolve_spec(compose(["+module=mine"], config_dir=tmp_path))
+    assert spec.target == "torch.nn.Identity" and spec.inputs[0].shape == (2, 3)
+
+
+def test_wrong_type_is_rejected_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose(["+module=mlp", "seed=abc"])
+    assert isinstance(info.value.__cause__, ValidationError)
+    assert "seed" in str(info.value.__cause__)
+
+
+def test_weights_mode_is_an_enum() -> None:
+    with pytest.raises(ConfigCompositionException, match="weights"):
+        compose(["+module=mlp", "weights=sideways"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "needle"),
+    [
+        (["module.inputs.x.dtype=float33"], "module.inputs.x.dtype", "dtype name"),
+        (["target.dtype=int64"], "target.dtype", "float dtype"),
+        (["module.inputs.x.shape=[0,16]"], "module.inputs.x.shape", "positive"),
+        (["module.inputs.x.shape=[-2,16]"], "module.inputs.x.shape", "positive"),
+        (["module.inputs.x.dynamic={0: {min: 8, max: 2}}"], "module.inputs.x.dynamic.0", "min <= max"),
+        (["module.inputs.x.shape=[100,16]"], "module.inputs.x.shape", "outside its dynamic range"),
+        (["module.checkpoint=/nonexistent/ckpt.safetensors"], "module.checkpoint", "no such file"),
+        (["target.device=tpu"], "target.device", "cpu"),
+        (["module.name=../escape"], "module.name", "letters"),
+        (["verify.atol=-1"], "verify.atol", ">= 0"),
+    ],
+)
+def test_bad_values_name_the_key_and_value(overrides: list[str], key: str, needle: str) -> None:
+    err = config_error(*overrides)
+    assert err.key == key
+    assert needle in str(err)
+
+
+def test_dynamic_axis_must_exist(tmp_path: Path) -> None:
+    user_module(tmp_path, "{x: {shape: [2, 3], dynamic: {5: {min: 1, max: 4}}}}")
+    with pytest.raises(ConfigError, match=r"module.inputs.x.dynamic' = 5: expected an integer axis in \[0, 2\)"):
+        resolve_spec(compose(["+module=mine"], config_dir=tmp_path))
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    err = config_error("module.inputs.x.dtype=float33", "target.device=tpu")
+    assert "the config has 2 errors" in str(err) and len(err.problems) == 2
+    assert "module.inputs.x.dtype" in str(err) and "target.device" in str(err)
+
+
+def test_shared_dim_names_must_agree() -> None:
+    with pytest.raises(ConfigError, match="dim 'seq' must match"):
+        resolve_spec(
+            compose(["+module=bert_tiny", "module.inputs.attention_mask.dynamic={1: {name: seq, min: 2, max: 64}}"])
+        )
+
+
+def test_low_high_only_for_integer_inputs() -> None:
+    assert config_error("+module.inputs.x.low=0").key == "module.inputs.x.low"
+
+
+def test_output_dir_is_derived_from_choices_never_a_timestamp(tmp_path: Path) -> None:
+    spec = spec_of("weights=external", "inductor=max_autotune", "output_root=builds", cwd=tmp_path)
+    assert spec.output_dir == tmp_path / "builds" / "mlp" / "cpu-external-max_autotune"
+    assert (
+        spec_of("variant=target.dtype_bfloat16", cwd=tmp_path).output_dir.name
+        == "cpu-baked-default-target.dtype_bfloat16"
+    )
+
+
+def test_output_dir_override_is_exact(tmp_path: Path) -> None:
+    assert spec_of(f"output_dir={tmp_path / 'x'}").output_dir == tmp_path / "x"
+    assert spec_of("output_dir=rel/dir", cwd=tmp_path).output_dir == tmp_path / "rel" / "dir"
+
+
+def test_variants_of_one_sweep_get_distinct_dirs() -> None:
+    a = variant_of(["+module=mlp", "target.dtype=bfloat16"])
+    b = variant_of(["+module=mlp", "target.dtype=float32"])
+    assert a and b and a != b
+    assert variant_of(["+module=mlp", "target=cpu", "weights=external", "output_root=x", "verify.atol=1"]) is None
+    assert variant_of(["module.checkpoint=/a/b.safetensors"]) == "ckpt_b"
+
+
+def test_inductor_options_are_flattened() -> None:
+    assert flatten_options({"cpp": {"march": "x86-64-v3"}, "max_autotune": True}) == {
+        "cpp.march": "x86-64-v3",
+        "max_autotune": True,
+    }
+    spec = spec_of("+inductor.options.cpp={march: x86-64-v3}")
+    assert spec.inductor_options == {"cpp.march": "x86-64-v3"}
+
+
+def test_allowed_targets_refuse_other_targets_before_import() -> None:
+    err = config_error("allowed_targets=[transformers.*]")
+    assert err.key == "module.model._target_" and err.value == "flashrt_build.examples.MLP"
+    assert "allowed_targets" in str(err)
+    assert spec_of("allowed_targets=[flashrt_build.*]").target == "flashrt_build.examples.MLP"
+    # nested targets are checked too: a transformers model built from its config
+    with pytest.raises(ConfigError, match=r"module.model.config._target_' = 'transformers.GPT2Config'"):
+        resolve_spec(compose(["+module=gpt2_tiny", "allowed_targets=[transformers.GPT2LMHeadModel]"]))
+    # never imported: an unimportable target is refused by the allow-list, not by import
+    assert config_error("allowed_targets=[x.*]", "module.model._target_=evil.payload.Run").value == "evil.payload.Run"
+
+
+def test_release_allows_the_shipped_zoo_plus_user_patterns() -> None:
+    assert resolve_spec(compose(["+module=gpt2_tiny", "release=true"])).target == "transformers.GPT2LMHeadModel"
+    err = config_error("release=true", "module.model._target_=mycompany.Net")
+    assert "flashrt_build.examples.*" in str(err)
+    widened = resolve_spec(
+        compose(["+module=mlp", "release=true", "allowed_targets=[mycompany.*]", "module.model._target_=mycompany.Net"])
+    )
+    assert widened.target == "mycompany.Net"
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "hint"),
+    [
+        ("+no_such_key=1", "no_such_key", "not a config key; valid keys: allowed_targets, force, inductor, module"),
+        (
+            "+inductr.options.max_autotune=true",
+            "inductr.options.max_autotune",
+            "did you mean inductor.options.max_autotune?",
+        ),
+        (
+            "+module.inputs.x.dynamc={0: {min: 1, max: 8}}",
+            "module.inputs.x.dynamc.0",
+            "did you mean module.inputs.x.dynamic.0?",
+        ),
+        ("++verify.repet=2", "verify.repet", "did you mean verify.repeat?"),
+        ("+target.devise=cuda", "target.devise", "did you mean target.device?"),
+        ("++verify.zzz=1", "verify.zzz", "valid keys under verify: atol, bench, enabled, repeat, rtol, timeout"),
+    ],
+)
+def test_a_key_the_schema_lacks_is_refused_naming_the_closest_valid_key(override: str, key: str, hint: str) -> None:
+    error = config_error(override)
+    assert error.key == key and hint in str(error)
+    assert str(error).count("\n") == 0  # one line
+
+
+def test_unknown_keys_are_reported_together_and_before_anything_else() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_spec(compose(["+bogus=1", "++seeed=2"]))  # no module either: the typos come first
+    assert [p.key for p in info.value.problems] == ["bogus", "seeed"]
+    assert "did you mean seed?" in str(info.value)
+
+
+def test_free_form_places_take_any_key() -> None:
+    spec = spec_of("+module.model.extra_arg=1", "+module.kwargs.flag=true", "+inductor.options.max_autotune=true")
+    assert spec.model["extra_arg"] == 1 and spec.kwargs["flag"] is True
+    assert spec.inductor_options["max_autotune"] is True  # checked against Inductor's own config later
+
+
+def test_the_api_refuses_an_unknown_key_in_a_plain_mapping() -> None:
+    with pytest.raises(ConfigError, match=r"'verfy.enabled' = False: not a config key; did you mean verify.enabled\?"):
+        as_build_config({"module": {"name": "m"}, "verfy": {"enabled": False}})
+
+
+def test_an_output_location_that_cannot_be_written_names_its_key(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    cases = {
+        ("output_dir", "/proc/forbidden"): "creating a file in /proc fails (No such file or directory)",
+        ("output_dir", str(tmp_path / "a-file" / "build")): "a-file is a file, not a directory",
+        ("output_dir", str(tmp_path / "a-file")): "exists and is not a directory",
+        ("output_root", "/proc/x"): "creating a file in /proc fails",
+    }
+    for (key, path), needle in cases.items():
+        with pytest.raises(ConfigError) as info:
+            spec_of(f"{key}={path}")
+        assert (info.value.key, info.value.value, type(info.value)) == (key, path, ConfigError)  # only that key
+        assert needle in str(info.value)
+    assert sorted(tmp_path.rglob("*")) == before  # the probes leave nothing behind
+
+
+def test_a_read_only_filesystem_is_refused_by_key(tmp_path: Path) -> None:
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only filesystem here (needs root)")
+    try:
+        error = config_error(f"output_root={mount}", f"output_dir={mount / 'build'}")
+        assert [p.key for p in error.problems] == ["output_root", "output_dir"]
+        assert str(error).count("Read-only file system") == 2
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_checkpoint_that_is_missing_or_a_directory_is_refused(tmp_path: Path) -> None:
+    missing = config_error(f"module.checkpoint={tmp_path / 'none.safetensors'}")
+    assert missing.key == "module.checkpoint" and "no such file" in str(missing)
+    directory = config_error(f"module.checkpoint={tmp_path}")
+    assert directory.key == "module.checkpoint" and "is a directory, not a file" in str(directory)
+
+
+def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'config_dir' = .*: no such directory"):
+        compose(["+module=mlp"], config_dir=tmp_path / "none")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory of configs"):
+        compose(["+module=mlp"], config_dir=tmp_path / "f")

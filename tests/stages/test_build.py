@@ -1,0 +1,196 @@
+"""Real builds: each package is compiled once per session (conftest fixtures)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashrt_build
+from flashrt_build.config.compose import compose
+from flashrt_build.config.spec import resolve_spec
+from flashrt_build.runtime.manifest import SCHEMA, file_sha256
+from flashrt_build.stages.inputs import make_inputs
+from flashrt_build.stages.module import instantiate_module
+from flashrt_build.stages.weights import tensor_sha256
+
+pytestmark = pytest.mark.slow
+
+
+def eager(*overrides: str) -> torch.nn.Module:
+    return instantiate_module(resolve_spec(compose(list(overrides))))
+
+
+def test_build_result_points_at_a_complete_artifact(mlp_build: flashrt_build.BuildResult) -> None:
+    files = sorted(p.name for p in mlp_build.output_dir.iterdir())
+    assert files == ["manifest.json", "model.pt2"]
+    assert mlp_build.status == "built"
+    on_disk = json.loads((mlp_build.output_dir / "manifest.json").read_text())
+    assert on_disk["build_key"] == mlp_build.manifest["build_key"]
+    # nothing left behind next to the output dir (staging is removed), but the build lock
+    siblings = sorted(p.name for p in mlp_build.output_dir.parent.iterdir())
+    assert siblings == [f".{mlp_build.output_dir.name}.lock", ".store", mlp_build.output_dir.name]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 17, 64])
+def test_loaded_mlp_matches_eager_across_the_dynamic_batch(mlp_build: flashrt_build.BuildResult, batch: int) -> None:
+    model = flashrt_build.load(mlp_build.output_dir)
+    reference = eager("+module=mlp")
+    x = torch.randn(batch, 16, generator=torch.Generator().manual_seed(batch))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x=x), reference(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_loaded_module_is_an_nn_module(mlp_build: flashrt_build.BuildResult) -> None:
+    model = flashrt_build.load(mlp_build.output_dir)
+    assert isinstance(model, torch.nn.Module) and model.manifest["name"] == "mlp"
+
+
+def test_manifest_fqns_equal_package_constants_and_module_state(mlp_build: flashrt_build.BuildResult) -> None:
+    tensors = mlp_build.manifest["weights"]["tensors"]
+    fqns = [t["fqn"] for t in tensors]
+    package = flashrt_build.load(mlp_build.output_dir)
+    assert sorted(fqns) == sorted(package.constant_fqns())
+    module = eager("+module=mlp")
+    state = dict(module.state_dict())
+    named = {t.get("source", t["fqn"]): t for t in tensors}
+    assert set(state) <= set(named)
+    assert set(named) - set(state) == {"lifted_tensor_0"}  # the literal in MLP.forward
+    for name, value in state.items():
+        entry = named[name]
+        assert entry["shape"] == list(value.shape) and entry["dtype"] == "float32"
+        assert entry["kind"] == ("buffer" if name == "output_scale" else "parameter")
+        assert entry["sha256"] == tensor_sha256(value)
+    assert named["lifted_tensor_0"]["kind"] == "constant" and named["lifted_tensor_0"]["shape"] == [8]
+
+
+def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult) -> None:
+    m = mlp_build.manifest
+    assert m["schema"] == SCHEMA and m["name"] == "mlp"
+    assert m["module"]["target"] == "flashrt_build.examples.MLP" and len(m["module"]["source_sha256"]) == 64
+    assert m["package"] == {
+        "file": "model.pt2",
+        "sha256": file_sha256(mlp_build.package),
+        "bytes": mlp_build.package.stat().st_size,
+        "reused": False,
+    }
+    assert m["weights"]["mode"] == "baked" and m["weights"]["file"] is None and m["weights"]["sha256"] is None
+    assert m["inputs"] == [
+        {
+            "name": "x",
+            "shape": [4, 16],
+            "dtype": "float32",
+            "dynamic": {"0": {"name": "batch", "min": 1, "max": 64}},
+            "positional": False,
+        }
+    ]
+    assert m["outputs"] == [{"shape": ["batch", 8], "dtype": "float32"}]
+    assert m["target"] == {"device": "cpu", "dtype": "float32", "tf32": None}
+    assert m["inductor"]["options"]["always_keep_tensor_constants"] is True
+    assert m["release"] is False
+    assert m["config"]["module"]["name"] == "mlp" and len(m["config_sha256"]) == 64
+    assert len(m["build_key"]) == 64 and len(m["graph_key"]) == 64 and m["build_key"] != m["graph_key"]
+    tc = m["toolchain"]
+    assert tc["torch"] == torch.__version__ and tc["cxx"]["path"] and tc["cxx"]["version"] != "unknown"
+    assert {"python", "cuda", "gpu", "cpu_isa", "platform"} <= set(tc)
+    v = m["verification"]
+    assert v["passed"] is True and [p["sizes"] for p in v["probes"]][:4] == [
+        {},
+        {"batch": 1},
+        {"batch": 33},
+        {"batch": 64},
+    ]
+    assert all(o["max_abs_err"] <= o["atol"] or o["rel_err"] <= o["rtol"] for o in v["outputs"])
+    assert {"instantiate", "export", "compile", "package", "verify", "manifest"} <= set(m["timings"])
+
+
+def test_load_refuses_a_package_altered_after_the_build(mlp_build: flashrt_build.BuildResult, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(mlp_build.output_dir, copy)
+    data = bytearray((copy / "model.pt2").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "model.pt2").write_bytes(bytes(data))
+    with pytest.raises(flashrt_build.ArtifactError, match=r"model.pt2 \(the package\) was altered after its build"):
+        flashrt_build.load(copy)
+
+
+def test_load_refuses_a_dir_without_manifest(tmp_path: Path) -> None:
+    with pytest.raises(flashrt_build.ArtifactError, match="no complete build"):
+        flashrt_build.load(tmp_path)
+
+
+def test_checkpoint_is_really_used(
+    mlp_build: flashrt_build.BuildResult, mlp_checkpoint_build: flashrt_build.BuildResult, mlp_checkpoint: Path
+) -> None:
+    x = torch.randn(5, 16)
+    with_ckpt = flashrt_build.load(mlp_checkpoint_build.output_dir)(x=x)
+    without = flashrt_build.load(mlp_build.output_dir)(x=x)
+    assert not torch.allclose(with_ckpt, without)
+    reference = eager("+module=mlp", f"module.checkpoint={mlp_checkpoint}")
+    with torch.no_grad():
+        torch.testing.assert_close(with_ckpt, reference(x))
+    m = mlp_checkpoint_build.manifest
+    assert m["module"]["checkpoint"]["sha256"] == file_sha256(mlp_checkpoint)
+    assert m["build_key"] != mlp_build.manifest["build_key"]
+
+
+def test_gpt2_tiny_matches_eager_with_a_model_output(gpt2_build: flashrt_build.BuildResult) -> None:
+    model = flashrt_build.load(gpt2_build.output_dir)
+    reference = eager("+module=gpt2_tiny")
+    spec = resolve_spec(compose(["+module=gpt2_tiny"]))
+    for seq in (2, 9, 128):
+        example = make_inputs(spec, seed=seq, sizes={"seq": seq})
+        with torch.no_grad():
+            out, ref = model(input_ids=example.kwargs["input_ids"]), reference(**example.kwargs)
+        assert type(out).__name__ == "CausalLMOutputWithCrossAttentions"
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="use_cache=True differs"):
+        model(input_ids=example.kwargs["input_ids"], use_cache=True)
+
+
+def test_gpt2_tied_weights_are_listed_once_with_their_alias(gpt2_build: flashrt_build.BuildResult) -> None:
+    tensors = gpt2_build.manifest["weights"]["tensors"]
+    names = {t["fqn"] for t in tensors} | {a for t in tensors for a in t.get("aliases", [])}
+    assert set(eager("+module=gpt2_tiny").state_dict()) <= names
+    assert sorted(t["fqn"] for t in tensors) == sorted(flashrt_build.load(gpt2_build.output_dir).constant_fqns())
+    assert gpt2_build.manifest["outputs"] == [{"shape": [2, "seq", 1000], "dtype": "float32"}]
+
+
+def test_bert_tiny_matches_eager(bert_build: flashrt_build.BuildResult) -> None:
+    model = flashrt_build.load(bert_build.output_dir)
+    reference = eager("+module=bert_tiny")
+    spec = resolve_spec(compose(["+module=bert_tiny"]))
+    for seq in (2, 33, 128):
+        example = make_inputs(spec, seed=seq, sizes={"seq": seq})
+        with torch.no_grad():
+            out, ref = model(**example.kwargs), reference(**example.kwargs)
+        torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.pooler_output, ref.pooler_output, rtol=1e-4, atol=1e-4)
+    kinds = {t["fqn"]: t["kind"] for t in bert_build.manifest["weights"]["tensors"]}
+    assert kinds["embeddings.position_ids"] == "buffer"  # non-persistent buffers are bound too
+    assert len(bert_build.manifest["verification"]["outputs"]) == 2
+
+
+def test_loaded_module_refuses_inputs_it_was_not_built_for(gpt2_build: flashrt_build.BuildResult) -> None:
+    model = flashrt_build.load(gpt2_build.output_dir)
+    with pytest.raises(ValueError, match=r"size 1 on axis 0; the package was built for 2 \(the axis is static"):
+        model(input_ids=torch.zeros(1, 8, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"size 129 on axis 1 \('seq'\); the package accepts 2 to 128"):
+        model(input_ids=torch.zeros(2, 129, dtype=torch.int64))
+    with pytest.raises(TypeError, match="dtype int32; the package takes int64"):
+        model(input_ids=torch.zeros(2, 8, dtype=torch.int32))
+    with pytest.raises(TypeError, match="missing inputs: input_ids"):
+        model()
+    with pytest.raises(TypeError, match="'labels' is not an input of the package"):
+        model(input_ids=torch.zeros(2, 8, dtype=torch.int64), labels=torch.zeros(2, 8, dtype=torch.int64))
+
+
+def test_shared_dims_must_agree_at_run_time(bert_build: flashrt_build.BuildResult) -> None:
+    model = flashrt_build.load(bert_build.output_dir)
+    ids = torch.zeros(2, 8, dtype=torch.int64)
+    with pytest.raises(ValueError, match="share dim 'seq' but have sizes 8 and 9"):
+        model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=torch.int64))

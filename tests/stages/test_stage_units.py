@@ -1,0 +1,196 @@
+"""Pure logic of the stages: inputs, options, checkpoints, comparison. No compiles."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers.modeling_outputs import BaseModelOutput
+
+from flashrt_build.config.compose import compose
+from flashrt_build.config.spec import resolve_spec
+from flashrt_build.errors import ConfigError, VerifyError
+from flashrt_build.runtime.checkpoint import read_checkpoint
+from flashrt_build.stages.inputs import dynamic_shapes, make_inputs
+from flashrt_build.stages.module import instantiate_module, load_checkpoint
+from flashrt_build.stages.package import FORCED_OPTIONS, validate_inductor_options
+from flashrt_build.stages.verify import compare_outputs, plan_calls, tolerances
+from flashrt_build.stages.weights import tensor_sha256
+
+
+def spec_of(*overrides: str):
+    return resolve_spec(compose(list(overrides)))
+
+
+# inputs -----------------------------------------------------------------------
+
+
+def test_example_inputs_are_seeded() -> None:
+    spec = spec_of("+module=mlp")
+    a, b = make_inputs(spec), make_inputs(spec)
+    assert torch.equal(a.kwargs["x"], b.kwargs["x"])
+    assert not torch.equal(a.kwargs["x"], make_inputs(spec, seed=spec.seed + 1).kwargs["x"])
+    assert a.kwargs["x"].shape == (4, 16) and a.kwargs["x"].dtype == torch.float32
+
+
+def test_integer_inputs_respect_low_high_and_constant_kwargs_pass_through() -> None:
+    example = make_inputs(spec_of("+module=gpt2_tiny"))
+    ids = example.kwargs["input_ids"]
+    assert ids.dtype == torch.int64 and ids.shape == (2, 32)
+    assert int(ids.min()) >= 0 and int(ids.max()) < 1000 and int(ids.max()) > 100
+    assert example.kwargs["use_cache"] is False
+    mask = make_inputs(spec_of("+module=bert_tiny")).kwargs["attention_mask"]
+    assert torch.all(mask == 1)
+
+
+def test_float_inputs_follow_the_target_dtype() -> None:
+    assert make_inputs(spec_of("+module=mlp", "target.dtype=bfloat16")).kwargs["x"].dtype == torch.bfloat16
+
+
+def test_positional_inputs_go_in_args_in_order() -> None:
+    spec = spec_of("+module=mlp", "module.inputs.x.positional=true")
+    example = make_inputs(spec)
+    assert len(example.args) == 1 and "x" not in example.kwargs
+
+
+def test_sizes_override_shared_dims_everywhere() -> None:
+    example = make_inputs(spec_of("+module=bert_tiny"), sizes={"seq": 7})
+    assert example.kwargs["input_ids"].shape == (2, 7) and example.kwargs["attention_mask"].shape == (2, 7)
+
+
+def test_dynamic_shapes_share_one_dim_object_per_name() -> None:
+    spec = spec_of("+module=bert_tiny")
+    example = make_inputs(spec)
+    shapes = dynamic_shapes(spec, example)
+    ids, mask = shapes[example.kwargs["input_ids"]], shapes[example.kwargs["attention_mask"]]
+    assert ids[1] is mask[1]
+    assert (ids[1].min, ids[1].max) == (2, 128)
+
+
+def test_verification_calls_cover_example_min_odd_mid_max_and_a_repeat_chain() -> None:
+    calls = plan_calls(spec_of("+module=mlp"), repeat=3)
+    assert [c.sizes for c in calls] == [{}, {"batch": 1}, {"batch": 33}, {"batch": 64}, {}, {}, {}]
+    assert [c.label for c in calls][-3:] == ["repeat 1", "repeat 2", "repeat 3"]
+    assert [c.inputs["x"].shape[0] for c in calls] == [4, 1, 33, 64, 4, 4, 4]
+    assert not torch.equal(calls[4].inputs["x"], calls[5].inputs["x"])  # fresh inputs at every step
+    bert = plan_calls(spec_of("+module=bert_tiny"), repeat=0)
+    assert [c.sizes for c in bert] == [{}, {"seq": 2}, {"seq": 65}, {"seq": 128}]
+    assert bert[2].inputs["attention_mask"].shape == (2, 65)
+
+
+# inductor options -------------------------------------------------------------
+
+
+def test_known_options_pass_and_forced_ones_are_added() -> None:
+    options = validate_inductor_options({"max_autotune": True, "cpp.threads": 2})
+    assert options["max_autotune"] is True and options["cpp.threads"] == 2
+    assert all(options[k] == v for k, v in FORCED_OPTIONS.items())
+
+
+def test_unknown_option_is_named_with_a_suggestion() -> None:
+    with pytest.raises(
+        ConfigError, match=r"inductor.options.max_autotun' = True: not an Inductor option.*max_autotune"
+    ):
+        validate_inductor_options({"max_autotun": True})
+
+
+def test_option_type_and_forced_value_are_checked() -> None:
+    with pytest.raises(ConfigError, match="true or false"):
+        validate_inductor_options({"max_autotune": "yes"})
+    with pytest.raises(ConfigError, match="always_keep_tensor_constants"):
+        validate_inductor_options({"always_keep_tensor_constants": False})
+
+
+# module + checkpoint ----------------------------------------------------------
+
+
+def test_instantiate_is_seeded_cast_and_in_eval_mode() -> None:
+    spec = spec_of("+module=mlp", "target.dtype=float64")
+    a, b = instantiate_module(spec), instantiate_module(spec)
+    assert not a.training and a.fc1.weight.dtype == torch.float64
+    assert torch.equal(a.fc1.weight, b.fc1.weight)
+
+
+def test_nested_targets_build_a_transformers_model_from_its_config() -> None:
+    model = instantiate_module(spec_of("+module=gpt2_tiny"))
+    assert type(model).__name__ == "GPT2LMHeadModel"
+    assert model.config.n_layer == 2 and model.config.vocab_size == 1000
+
+
+def test_unimportable_target_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"module.model._target_' = 'nope.Missing': cannot be imported"):
+        instantiate_module(spec_of("+module=mlp", "module.model._target_=nope.Missing"))
+
+
+def test_checkpoint_formats_read_the_same(tmp_path: Path) -> None:
+    state = {"w": torch.arange(6.0).reshape(2, 3)}
+    save_file(state, str(tmp_path / "a.safetensors"))
+    torch.save(state, tmp_path / "b.pt")
+    torch.save({"state_dict": state}, tmp_path / "c.ckpt")
+    for name in ("a.safetensors", "b.pt", "c.ckpt"):
+        assert torch.equal(read_checkpoint(tmp_path / name)["w"], state["w"])
+
+
+def test_checkpoint_mismatch_lists_every_key(tmp_path: Path) -> None:
+    module = torch.nn.Linear(3, 2)
+    save_file({"weight": torch.zeros(2, 4), "extra": torch.zeros(1)}, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(ConfigError) as info:
+        load_checkpoint(module, tmp_path / "bad.safetensors")
+    message = str(info.value)
+    assert "missing: bias" in message and "unexpected: extra" in message
+    assert "wrong shape: weight [2, 4] (module has [2, 3])" in message
+
+
+def test_a_checkpoint_that_is_not_a_state_dict_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="module.checkpoint"):
+        read_checkpoint(tmp_path / "junk.pt")
+
+
+# comparison -------------------------------------------------------------------
+
+
+def test_compare_walks_every_leaf_of_a_model_output() -> None:
+    ref = BaseModelOutput(last_hidden_state=torch.ones(2, 3), hidden_states=(torch.zeros(2), torch.ones(2)))
+    out = BaseModelOutput(last_hidden_state=torch.ones(2, 3), hidden_states=(torch.zeros(2), torch.ones(2) * 2))
+    leaves = compare_outputs(out, ref, None, None)
+    assert len(leaves) == 3
+    bad = [leaf for leaf in leaves if not leaf.passed]
+    assert len(bad) == 1 and "hidden_states" in bad[0].path and bad[0].max_abs_err == 1.0
+
+
+def test_relative_error_is_a_norm_ratio_and_tolerances_apply() -> None:
+    ref = torch.tensor([3.0, 4.0])
+    (leaf,) = compare_outputs(ref + torch.tensor([0.0, 0.5]), ref, atol=0.1, rtol=0.2)
+    assert leaf.max_abs_err == 0.5 and math.isclose(leaf.rel_err, 0.1)
+    assert leaf.passed  # within rtol although beyond atol
+    (leaf,) = compare_outputs(ref + torch.tensor([0.0, 0.5]), ref, atol=0.1, rtol=0.05)
+    assert not leaf.passed
+
+
+def test_nan_where_eager_has_none_fails() -> None:
+    (leaf,) = compare_outputs(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0]), 1e9, 1e9)
+    assert not leaf.passed and leaf.max_abs_err == math.inf
+    (leaf,) = compare_outputs(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]), 0, 0)
+    assert leaf.passed
+
+
+def test_structure_and_shape_mismatches_fail() -> None:
+    with pytest.raises(VerifyError, match="output structure"):
+        compare_outputs((torch.ones(1),), [torch.ones(1)], None, None)
+    (leaf,) = compare_outputs(torch.ones(2), torch.ones(3), None, None)
+    assert not leaf.passed
+
+
+def test_default_tolerances_are_looser_for_half_precision() -> None:
+    assert tolerances(torch.float32, None, None) < tolerances(torch.bfloat16, None, None)
+    assert tolerances(torch.float16, 0.5, None) == (0.5, tolerances(torch.float16, None, None)[1])
+
+
+def test_tensor_sha256_covers_bytes_dtype_agnostic() -> None:
+    a = torch.arange(4, dtype=torch.bfloat16)
+    assert tensor_sha256(a) == tensor_sha256(a.clone()) != tensor_sha256(a + 1)
+    assert tensor_sha256(torch.zeros(2, 2).t()) == tensor_sha256(torch.zeros(2, 2))
