@@ -15,6 +15,7 @@ from flashrt_build.config.spec import resolve_spec
 from flashrt_build.runtime.manifest import SCHEMA, file_sha256
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_module
+from flashrt_build.stages.publish import STAGING_PREFIX
 from flashrt_build.stages.weights import tensor_sha256
 
 pytestmark = pytest.mark.slow
@@ -30,9 +31,11 @@ def test_build_result_points_at_a_complete_artifact(mlp_build: flashrt_build.Bui
     assert mlp_build.status == "built"
     on_disk = json.loads((mlp_build.output_dir / "manifest.json").read_text())
     assert on_disk["build_key"] == mlp_build.manifest["build_key"]
-    # nothing left behind next to the output dir (staging is removed), but the build lock
-    siblings = sorted(p.name for p in mlp_build.output_dir.parent.iterdir())
-    assert siblings == [f".{mlp_build.output_dir.name}.lock", ".store", mlp_build.output_dir.name]
+    # nothing left behind next to the output dir (staging is removed), but the
+    # build lock; other tests share this output root (and its store)
+    siblings = {p.name for p in mlp_build.output_dir.parent.iterdir()}
+    assert {f".{mlp_build.output_dir.name}.lock", ".store", mlp_build.output_dir.name} <= siblings
+    assert not [name for name in siblings if name.startswith(STAGING_PREFIX)]
 
 
 @pytest.mark.parametrize("batch", [1, 3, 17, 64])
