@@ -139,7 +139,7 @@ def test_user_module_builds_from_config_dir_with_positional_input_and_dict_outpu
         "  scale: {shape: [3, 1], dynamic: {0: {name: batch, min: 1, max: 32}}}\n",
     )
     out = tmp_path / "artifact"
-    result = cli("--config-dir", str(conf), "+module=two", f"output_dir={out}")
+    result = cli("--config-dir", str(conf), "+module=two", f"output_dir={out}", f"output_root={tmp_path / 'root'}")
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines()[-1].endswith(f"artifact: {out}")
     for stage in ("instantiate", "export", "compile", "package", "verify", "manifest"):
