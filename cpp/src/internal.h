@@ -12,9 +12,6 @@
 
 namespace flashrt::detail {
 
-// --- digests (sha256.cpp, OpenSSL's EVP API) ---
-std::string sha256_hex(const void* data, std::size_t size);
-
 // --- dtypes (safetensors.cpp) ---
 // The manifest's dtype names ("float32") and safetensors' codes ("F32").
 std::optional<at::ScalarType> dtype_from_name(const std::string& name);

@@ -168,6 +168,7 @@ struct Package::Impl {
   std::vector<at::Tensor> state_out;  // in the order the package returns them
   size_t n_dims = 0;  // distinct dynamic dim names, numbered in dim_ids
   std::vector<std::vector<int>> dim_ids;  // per input, per dynamic dim
+  std::vector<std::vector<std::pair<size_t, int64_t>>> static_axes;  // per input: (axis, size) of each static axis
 
   const SafetensorsFile& read_sidecar() {
     if (!sidecar) {
@@ -286,6 +287,12 @@ struct Package::Impl {
     }
     std::vector<std::string> dims;
     for (const auto& spec : inputs) {
+      static_axes.emplace_back();
+      for (size_t axis = 0; axis < spec.shape.size(); ++axis) {
+        const bool dynamic = std::any_of(spec.dynamic.begin(), spec.dynamic.end(),
+                                         [&](const DynamicDim& d) { return d.axis == static_cast<int64_t>(axis); });
+        if (!dynamic) static_axes.back().emplace_back(axis, spec.shape[axis]);
+      }
       dim_ids.emplace_back();
       for (const auto& d : spec.dynamic) {
         auto it = std::find(dims.begin(), dims.end(), d.name);
@@ -398,7 +405,12 @@ void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
                                         "), got " + std::to_string(inputs.size()));
   }
   // Per dynamic dim name: the first size seen and the input it was seen on.
-  std::vector<std::pair<int64_t, size_t>> seen(p.n_dims, {-1, 0});
+  // On the stack for the usual few dims: a call allocates nothing here.
+  constexpr size_t kFew = 8;
+  std::pair<int64_t, size_t> few[kFew];
+  std::vector<std::pair<int64_t, size_t>> many(p.n_dims > kFew ? p.n_dims : 0);
+  std::pair<int64_t, size_t>* seen = p.n_dims > kFew ? many.data() : few;
+  std::fill(seen, seen + p.n_dims, std::pair<int64_t, size_t>{-1, 0});
   for (size_t i = 0; i < specs.size(); ++i) {
     const InputSpec& spec = specs[i];
     const at::Tensor& value = inputs[i];
@@ -418,13 +430,11 @@ void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
                                           detail::shape_str(shape.vec()) + "; expected " +
                                           std::to_string(spec.shape.size()) + " like " + detail::shape_str(spec.shape));
     }
-    for (size_t axis = 0; axis < shape.size(); ++axis) {
-      auto dyn = std::find_if(spec.dynamic.begin(), spec.dynamic.end(),
-                              [&](const DynamicDim& d) { return d.axis == static_cast<int64_t>(axis); });
-      if (dyn == spec.dynamic.end() && shape[axis] != spec.shape[axis]) {
+    for (const auto& [axis, size] : p.static_axes[i]) {
+      if (shape[axis] != size) {
         throw Error(Error::Kind::Input,
                     "input '" + name + "' has size " + std::to_string(shape[axis]) + " on axis " +
-                        std::to_string(axis) + "; the package was built for " + std::to_string(spec.shape[axis]) +
+                        std::to_string(axis) + "; the package was built for " + std::to_string(size) +
                         " (the axis is static; make it dynamic in module.inputs." + name + ".dynamic)");
       }
     }

@@ -220,8 +220,9 @@ TensorMap SafetensorsFile::tensors() const {
 }
 
 std::string SafetensorsFile::sha256() const {
-  ::madvise(mapped_->base, mapped_->size, MADV_WILLNEED);  // read ahead of the digest
-  return detail::sha256_hex(mapped_->base, mapped_->size);
+  // Through read(), not the mapping: faster both cold (1.21 against 0.81 GB/s
+  // for 64 MiB here) and warm, and it leaves the pages cached for the mapping.
+  return file_sha256(mapped_->path);
 }
 
 void save_safetensors(const std::filesystem::path& path,

@@ -1,5 +1,4 @@
-// sha256 through OpenSSL's EVP API: of a file, read in large blocks, and of
-// bytes in memory (a memory-mapped sidecar).
+// sha256 of a file through OpenSSL's EVP API, read in 1 MiB blocks.
 #include "internal.h"
 
 #include <fcntl.h>
@@ -48,7 +47,7 @@ std::string file_sha256(const std::filesystem::path& path) {
   }
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   Digest ctx = new_digest();
-  std::vector<unsigned char> block(8 << 20);
+  std::vector<unsigned char> block(1 << 20);
   for (;;) {
     ssize_t n = ::read(fd, block.data(), block.size());
     if (n < 0 && errno == EINTR) continue;
@@ -64,17 +63,4 @@ std::string file_sha256(const std::filesystem::path& path) {
   return hex_digest(ctx.get());
 }
 
-namespace detail {
-
-std::string sha256_hex(const void* data, std::size_t size) {
-  Digest ctx = new_digest();
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  constexpr std::size_t kBlock = 64 << 20;  // bounded updates: page faults stream in behind the digest
-  for (std::size_t at = 0; at < size; at += kBlock) {
-    EVP_DigestUpdate(ctx.get(), bytes + at, std::min(kBlock, size - at));
-  }
-  return hex_digest(ctx.get());
-}
-
-}  // namespace detail
 }  // namespace flashrt

@@ -1,0 +1,271 @@
+"""The C++ library (cpp/) against Python's `flashrt_build.load` and libtorch's
+bare loader: per-call latency, and open time split into hashing and binding.
+
+    .venv/bin/python bench/cpp_runner.py                          # CPU: mlp (baked), gpt2_tiny (external)
+    CXX=g++-12 python bench/cpp_runner.py --target cuda --packages llama_1b:external --calls 50 \
+        --out-name cpp_runner_h200                                  # H200: llama_1b open time
+
+1. Builds flashrt-bench with CMake (build/cpp, against this interpreter's
+   torch) and each package with `flashrt_build.build` (verification included).
+2. Per call, C++ vs Python on the same package and inputs: `--rounds` rounds,
+   alternating a flashrt-bench process (its `Package::run`, libtorch's
+   `AOTIModelPackageLoader::run` and `boxed_run` on the same bound tensors,
+   rotating in-process over 3 sub-rounds) with this process calling
+   `flashrt_build.load(dir)` (and its runner's bare `boxed_run`). Each sample
+   is microseconds per call; the tables give medians over rounds.
+3. Open, per package: `Package::open` (digest of model.pt2 and the sidecar,
+   map and read, libtorch's loader, check and bind) against libtorch's loader
+   plus `load_constants` of the same sidecar with no digest and no check, and
+   against `flashrt_build.load`. With `--cold`, each open first drops the
+   files' pages from the page cache (posix_fadvise DONTNEED).
+4. Hashing against the disk: GB/s of `read()` and of sha256, warm and cold,
+   of each package's files and of a `--big-mb` synthetic file (tiny sidecars
+   are too small to time).
+
+Threads: `--threads` (default 1 on the CPU: two cores shared with other
+work make a 2-thread call's time swing by 3x). Writes
+bench/results/<out-name>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+import flashrt_build  # noqa: E402
+from flashrt_build.config import compose  # noqa: E402
+from flashrt_build.inputs import make_inputs  # noqa: E402
+from flashrt_build.spec import resolve_spec  # noqa: E402
+
+BUILD = REPO / "build" / "cpp"
+
+
+def build_bench_tool() -> Path:
+    """flashrt-bench, configured against this interpreter's torch."""
+    configure = [
+        "cmake", "-S", str(REPO / "cpp"), "-B", str(BUILD), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+        f"-DPython3_EXECUTABLE={sys.executable}", "-DCMAKE_BUILD_TYPE=Release", "-DFLASHRT_BUILD_BENCH=ON",
+    ]  # fmt: skip
+    for command in (configure, ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", "flashrt-bench"]):
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode:
+            sys.exit(f"{' '.join(command)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return BUILD / "flashrt-bench"
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def per_call_us(fn: Callable[[], object], calls: int, device: str) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def bench_tool(tool: Path, directory: Path, inputs: Path, args: argparse.Namespace, **options: Any) -> dict[str, Any]:
+    command = [str(tool), str(directory), "--inputs", str(inputs), "--threads", str(args.threads)]
+    command += ["--device", args.device] if args.device else []
+    for key, value in options.items():
+        command += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        sys.exit(f"{' '.join(command)} failed: {done.stderr}")
+    return json.loads(done.stdout)
+
+
+def bench_package(tool: Path, module: str, weights: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    overrides = [f"+module={module}", f"weights={weights}", f"target={args.target}", f"output_root={root}"]
+    cfg = compose(overrides)
+    print(f"building {module} ({weights}, {args.target})", flush=True)
+    result = flashrt_build.build(cfg)
+    example = make_inputs(resolve_spec(cfg))
+    names = [i["name"] for i in result.manifest["inputs"]]
+    tensors = dict(zip(names, [*example.args, *(example.kwargs[n] for n in names[len(example.args) :])], strict=True))
+    inputs = root / f"{module}-{weights}-inputs.safetensors"
+    save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, str(inputs))
+    device = args.device or result.manifest["target"]["device"]
+    torch.set_num_threads(args.threads)
+    record: dict[str, Any] = {"module": module, "weights": weights, "device": device, "calls": args.calls}
+
+    # Per call: C++ processes and Python calls, alternating.
+    calls: dict[str, list[float]] = {}
+    if args.calls:
+        loaded = flashrt_build.load(result.output_dir, device=device)
+        boxed = loaded._runner.loader.boxed_run
+        flat = list(tensors.values())
+        python = {
+            "python flashrt_build.load": lambda: loaded(**tensors),
+            "python boxed_run (no checks)": lambda: boxed(list(flat)),
+        }
+        with torch.no_grad():
+            for fn in python.values():
+                per_call_us(fn, max(args.calls // 10, 10), device)
+            for r in range(args.rounds):
+                cpp_first = r % 2 == 0
+                for side in ("cpp", "python") if cpp_first else ("python", "cpp"):
+                    if side == "cpp":
+                        report = bench_tool(tool, result.output_dir, inputs, args, calls=args.calls, rounds=3, opens=0)
+                        for name, values in report["calls"].items():
+                            calls.setdefault(f"C++ {name}", []).append(statistics.median(values))
+                    else:
+                        for name, fn in python.items():
+                            calls.setdefault(name, []).append(per_call_us(fn, args.calls, device))
+        del loaded
+    record["calls_us"] = calls
+
+    # Open: C++ (its own split) and Python load, alternating.
+    opens: list[dict[str, Any]] = []
+    bare: list[float] = []
+    python_open: list[float] = []
+    for _ in range(args.rounds):
+        report = bench_tool(tool, result.output_dir, inputs, args, calls=0, opens=1, cold=args.cold)
+        opens += report["open"]
+        bare += report["bare_open_s"]
+        files = report["files"]
+        if args.cold:
+            for name in ("model.pt2", "weights.safetensors"):
+                if (result.output_dir / name).exists():
+                    drop_cache(result.output_dir / name)
+        sync(device)
+        start = time.perf_counter()
+        flashrt_build.load(result.output_dir, device=device)
+        sync(device)
+        python_open.append(time.perf_counter() - start)
+    record.update(open=opens, bare_open_s=bare, python_load_s=python_open, files=files)
+    return record
+
+
+def drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def big_file_speeds(tool: Path, root: Path, megabytes: int, cold: bool) -> dict[str, Any]:
+    """Read and hash GB/s of a synthetic safetensors file of `megabytes`."""
+    path = root / "big.safetensors"
+    save_file({"w": torch.randint(0, 255, (megabytes << 20,), dtype=torch.uint8)}, str(path))
+    command = [str(tool), "--file", str(path), *(["--cold"] if cold else [])]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    path.unlink()
+    return json.loads(done.stdout)
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def markdown(records: list[dict[str, Any]], big: dict[str, Any] | None, args: argparse.Namespace) -> str:
+    cold = ", cold" if args.cold else ""
+    lines = [f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds{cold}"]
+    for rec in records:
+        if not rec["calls_us"]:
+            continue
+        calls = {name: med(values) for name, values in rec["calls_us"].items()}
+        cpp, python = calls["C++ flashrt Package::run"], calls["python flashrt_build.load"]
+        bare_run, bare_boxed = calls["C++ libtorch run"], calls["C++ libtorch boxed_run"]
+        lines += [
+            "",
+            f"Per call, {rec['module']} ({rec['weights']}, {rec['device']}), {rec['calls']} calls a round",
+            "",
+            "| call | us per call, median | rounds |",
+            "|---|---:|---|",
+        ]
+        for name, values in rec["calls_us"].items():
+            lines.append(f"| {name} | {med(values):.1f} | {', '.join(f'{v:.1f}' for v in values)} |")
+        lines += [
+            "",
+            "| ratio | value | goal |",
+            "|---|---:|---|",
+            f"| C++ `Package::run` / Python `flashrt_build.load` | {cpp / python:.3f} | <= 1.0 |",
+            f"| C++ `Package::run` / libtorch `AOTIModelPackageLoader::run` | {cpp / bare_run:.3f} | <= 1.02 |",
+            f"| C++ `Package::run` / libtorch `boxed_run` | {cpp / bare_boxed:.3f} | |",
+        ]
+    for rec in records:
+        o = rec["open"]
+        pkg_bytes, w_bytes = o[0]["package_bytes"], o[0]["weights_bytes"]
+
+        def gbps(nbytes: int, key: str, runs: list[dict[str, Any]] = o) -> str:
+            s = med([r[key] for r in runs])
+            return f"{s * 1e3:.2f} ms ({nbytes / s / 1e9:.2f} GB/s)" if s and nbytes else "-"
+
+        lines += [
+            "",
+            f"Open, {rec['module']} ({rec['weights']}, {rec['device']}): model.pt2 {pkg_bytes / 1e6:.2f} MB, "
+            f"sidecar {w_bytes / 1e6:.2f} MB; medians of {len(o)}",
+            "",
+            "| step | median |",
+            "|---|---:|",
+            f"| sha256 model.pt2 | {gbps(pkg_bytes, 'package_hash_s')} |",
+            f"| sha256 sidecar (through the mapping) | {gbps(w_bytes, 'weights_hash_s')} |",
+            f"| map sidecar, parse its header | {med([r['weights_read_s'] for r in o]) * 1e3:.2f} ms |",
+            f"| libtorch loader (unzip, dlopen) | {med([r['load_s'] for r in o]) * 1e3:.2f} ms |",
+            f"| check and bind | {med([r['bind_s'] for r in o]) * 1e3:.2f} ms |",
+            f"| **`Package::open`, total** | **{med([r['total_s'] for r in o]) * 1e3:.2f} ms** |",
+            f"| libtorch loader + `load_constants`, no digest, no check | {med(rec['bare_open_s']) * 1e3:.2f} ms |",
+            f"| Python `flashrt_build.load` | {med(rec['python_load_s']) * 1e3:.2f} ms |",
+        ]
+    files = [(f"{rec['module']} {f['file']}", f) for rec in records for f in rec["files"]]
+    if big:
+        files.append((f"synthetic {big['bytes'] / 2**20:.0f} MiB", big))
+    lines += ["", "Read and hash speed, GB/s (warm: page cache; cold: pages dropped first)", ""]
+    lines += ["| file | bytes | read | sha256 |", "|---|---:|---|---|"]
+    for label, f in files:
+        cells = []
+        for way in ("read", "sha256"):
+            warm = f["warm"].get(way)
+            cold = f.get("cold", {}).get(way)
+            cells.append("-" if warm is None else f"{warm:.2f}" + (f" / cold {cold:.2f}" if cold else ""))
+        lines.append(f"| {label} | {f['bytes']:,} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--packages", default="mlp:baked,gpt2_tiny:external", help="module:weights,...")
+    parser.add_argument("--target", default="cpu")
+    parser.add_argument("--device", default=None, help="default: the build's target device")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per round; 0 times opens only")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cold", action="store_true", help="drop the files' pages before every open")
+    parser.add_argument("--big-mb", type=int, default=1024, help="synthetic file for hash speed; 0: none")
+    parser.add_argument("--out-name", default="cpp_runner")
+    args = parser.parse_args()
+    tool = build_bench_tool()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        records = [bench_package(tool, *p.split(":"), root, args) for p in args.packages.split(",")]
+        big = big_file_speeds(tool, root, args.big_mb, cold=True) if args.big_mb else None
+    out = HERE / "results" / args.out_name
+    raw = {"args": vars(args), "packages": records, "big_file": big}
+    out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
+    text = markdown(records, big, args)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
