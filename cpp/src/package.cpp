@@ -172,15 +172,16 @@ struct Package::Impl {
 
   const SafetensorsFile& read_sidecar() {
     if (!sidecar) {
+      // The digest first, as for the package: nothing of an altered file is parsed.
       const auto path = listed_file(dir, *manifest.weights_file);
       auto start = Clock::now();
+      const std::string digest = file_sha256(path);
+      stats.weights_hash_s += since(start);
+      stats.weights_bytes += std::filesystem::file_size(path);
+      check_digest(path, digest, manifest.weights_file->sha256, "the weights");
+      start = Clock::now();
       sidecar = std::make_shared<SafetensorsFile>(path);
       stats.weights_read_s += since(start);
-      start = Clock::now();
-      const std::string digest = sidecar->sha256();
-      stats.weights_hash_s += since(start);
-      stats.weights_bytes += sidecar->bytes();
-      check_digest(path, digest, manifest.weights_file->sha256, "the weights");
     }
     return *sidecar;
   }
@@ -259,8 +260,8 @@ struct Package::Impl {
       if (!wrong.empty()) throw Error(Error::Kind::Weights, "state from the given tensors does not fit the package: " + join(wrong));
     } else {
       const auto path = listed_file(dir, *manifest.state_file);
+      check_digest(path, file_sha256(path), manifest.state_file->sha256, "the state");
       SafetensorsFile file(path);
-      check_digest(path, file.sha256(), manifest.state_file->sha256, "the state");
       for (const auto& e : manifest.state) {
         if (!file.contains(e.fqn) || file.shape(e.fqn) != e.shape || file.dtype(e.fqn) != e.dtype) {
           throw Error(Error::Kind::Artifact, path.string() + " does not hold " + e.fqn + " " +
@@ -391,9 +392,17 @@ Package Package::open(const std::filesystem::path& dir, std::optional<c10::Devic
   return Package(Impl::open(dir, device, nullptr, &checkpoint));
 }
 
-void Package::bind(const TensorMap& weights) { impl_->bind({"the given tensors", weights, true}); }
+void Package::bind(const TensorMap& weights) {
+  const OpenStats opened = impl_->stats;  // they describe the open
+  impl_->bind({"the given tensors", weights, true});
+  impl_->stats = opened;
+}
 
-void Package::bind(const std::filesystem::path& checkpoint) { impl_->bind(impl_->file_source(checkpoint)); }
+void Package::bind(const std::filesystem::path& checkpoint) {
+  const OpenStats opened = impl_->stats;
+  impl_->bind(impl_->file_source(checkpoint));
+  impl_->stats = opened;
+}
 
 void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
   const Impl& p = *impl_;

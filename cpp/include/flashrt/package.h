@@ -148,8 +148,6 @@ class SafetensorsFile {
   at::Tensor tensor(const std::string& name) const;  // a CPU view, no copy
   TensorMap tensors() const;
   uint64_t bytes() const;  // the file's size
-  // The file's sha256 as lowercase hex.
-  std::string sha256() const;
 
  private:
   struct Mapped;
