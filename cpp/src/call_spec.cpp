@@ -94,9 +94,11 @@ CallSpec parse_call_spec(const std::vector<std::string>& spec, const Manifest& m
       const bool constant =
           std::find(m.constant_kwargs.begin(), m.constant_kwargs.end(), key) != m.constant_kwargs.end();
       if (constant) continue;  // a constant keyword argument: no tensor, the package takes none for it
-      const bool input = std::any_of(m.inputs.begin(), m.inputs.end(), [&](const InputSpec& s) { return s.name == key; });
+      const bool input =
+          std::any_of(m.inputs.begin(), m.inputs.end(), [&](const InputSpec& s) { return s.name == key; });
       if (!input || !is_leaf(child)) {
-        unsupported(m, "takes '" + key + "', which is neither a tensor input nor a constant keyword argument of the manifest");
+        unsupported(m, "takes '" + key +
+                           "', which is neither a tensor input nor a constant keyword argument of the manifest");
       }
       call.order.push_back(key);
     }

@@ -60,7 +60,8 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   m.path = dir / "manifest.json";
   std::ifstream in(m.path, std::ios::binary);
   if (!in) {
-    throw Error(Error::Kind::Artifact, m.path.string() + " does not exist: " + dir.string() + " holds no complete build");
+    throw Error(Error::Kind::Artifact,
+                m.path.string() + " does not exist: " + dir.string() + " holds no complete build");
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -71,7 +72,8 @@ Manifest read_manifest(const std::filesystem::path& dir) {
     throw Error(Error::Kind::Artifact, m.path.string() + " is not valid JSON (" + e.what() + ")");
   }
   const Node root{doc, "", m.path};
-  const std::string schema = root.has("schema") && root["schema"].value.is_string() ? root["schema"].as<std::string>() : "";
+  const bool has_schema = root.has("schema") && root["schema"].value.is_string();
+  const std::string schema = has_schema ? root["schema"].as<std::string>() : "";
   if (schema != kSchema) {
     throw Error(Error::Kind::Artifact,
                 m.path.string() + " has schema '" + schema + "', expected '" + kSchema + "'");
@@ -95,7 +97,8 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   const Node tensors = weights["tensors"];
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Node t = tensors[i];
-    WeightEntry e{t["fqn"].as<std::string>(), t["shape"].shape(), t["dtype"].dtype(), t["kind"].as<std::string>(), true, {}};
+    WeightEntry e{t["fqn"].as<std::string>(), t["shape"].shape(), t["dtype"].dtype(), t["kind"].as<std::string>(),
+                  true, {}};
     if (t.has("persistent") && !t["persistent"].null()) e.persistent = t["persistent"].as<bool>();
     e.names.push_back(e.fqn);
     if (t.has("source") && !t["source"].null()) e.names.push_back(t["source"].as<std::string>());

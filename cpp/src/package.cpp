@@ -142,6 +142,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std:
 
 }  // namespace detail
 
+namespace {
+
 // Weights to bind: the caller's tensors (borrowed, on the device already) or a file's.
 struct Source {
   std::string description;
@@ -149,12 +151,15 @@ struct Source {
   bool in_memory = false;  // the caller's: checked for their device, never moved
 };
 
+}  // namespace
+
 struct Package::Impl {
   Manifest manifest;
   std::filesystem::path dir;
   c10::Device device{c10::kCPU};
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
   detail::CallSpec call;
+  std::vector<std::string> input_names;  // the order run() takes them in
   std::vector<std::string> state_names;  // manifest order
   TensorMap weights;  // what is bound, kept alive for the package
   TensorMap state;
@@ -257,7 +262,9 @@ struct Package::Impl {
         }
         state[e.fqn] = t;
       }
-      if (!wrong.empty()) throw Error(Error::Kind::Weights, "state from the given tensors does not fit the package: " + join(wrong));
+      if (!wrong.empty()) {
+        throw Error(Error::Kind::Weights, "state from the given tensors does not fit the package: " + join(wrong));
+      }
     } else {
       const auto path = listed_file(dir, *manifest.state_file);
       check_digest(path, file_sha256(path), manifest.state_file->sha256, "the state");
@@ -268,7 +275,8 @@ struct Package::Impl {
                                                  detail::shape_str(e.shape) + " " + dtype_name(e.dtype) +
                                                  " as the manifest lists it");
         }
-        state[e.fqn] = file.tensor(e.fqn).to(device, /*non_blocking=*/false, /*copy=*/true);  // owned, written every call
+        // Owned: written after every call.
+        state[e.fqn] = file.tensor(e.fqn).to(device, /*non_blocking=*/false, /*copy=*/true);
       }
     }
     for (const auto& name : call.state_outputs) state_out.push_back(state.at(name));
@@ -318,6 +326,7 @@ std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& 
   p.manifest = detail::read_manifest(dir);
   const Manifest& m = p.manifest;
   for (const auto& e : m.state) p.state_names.push_back(e.fqn);
+  for (const auto& spec : m.inputs) p.input_names.push_back(spec.name);
   p.device = resolve_device(m, requested);
 
   // The package's digest before any of its code is loaded.
@@ -408,10 +417,8 @@ void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
   const Impl& p = *impl_;
   const auto& specs = p.manifest.inputs;
   if (inputs.size() != specs.size()) {
-    std::vector<std::string> names;
-    for (const auto& s : specs) names.push_back(s.name);
-    throw Error(Error::Kind::Input, "the package takes " + std::to_string(specs.size()) + " inputs (" + join(names) +
-                                        "), got " + std::to_string(inputs.size()));
+    throw Error(Error::Kind::Input, "the package takes " + std::to_string(specs.size()) + " inputs (" +
+                                        join(p.input_names) + "), got " + std::to_string(inputs.size()));
   }
   // Per dynamic dim name: the first size seen and the input it was seen on.
   // On the stack for the usual few dims: a call allocates nothing here.
@@ -424,7 +431,9 @@ void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
     const InputSpec& spec = specs[i];
     const at::Tensor& value = inputs[i];
     const std::string& name = spec.name;
-    if (!value.defined()) throw Error(Error::Kind::Input, "input '" + name + "' must be a tensor, got an undefined one");
+    if (!value.defined()) {
+      throw Error(Error::Kind::Input, "input '" + name + "' must be a tensor, got an undefined one");
+    }
     if (value.scalar_type() != spec.dtype) {
       throw Error(Error::Kind::Input, "input '" + name + "' has dtype " + dtype_name(value.scalar_type()) +
                                           "; the package takes " + dtype_name(spec.dtype));
@@ -484,15 +493,13 @@ std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) {
 }
 
 std::vector<at::Tensor> Package::run(const TensorMap& inputs) {
-  const auto& specs = impl_->manifest.inputs;
-  std::vector<std::string> names;
-  for (const auto& s : specs) names.push_back(s.name);
+  const auto& names = impl_->input_names;
   for (const auto& [key, _] : inputs) {
     if (std::find(names.begin(), names.end(), key) != names.end()) continue;
     const auto& constants = impl_->manifest.constant_kwargs;
     if (std::find(constants.begin(), constants.end(), key) != constants.end()) {
-      throw Error(Error::Kind::Input, "'" + key + "' is a constant keyword argument fixed at build time (module.kwargs." +
-                                          key + "), not an input");
+      throw Error(Error::Kind::Input, "'" + key + "' is a constant keyword argument fixed at build time " +
+                                          "(module.kwargs." + key + "), not an input");
     }
     throw Error(Error::Kind::Input, "input '" + key + "' is not an input of the package; inputs: " + join(names));
   }

@@ -155,7 +155,8 @@ class SafetensorsFile {
 };
 
 // Writes tensors (any device; copied to the CPU) as safetensors, in the given order.
-void save_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+void save_safetensors(const std::filesystem::path& path,
+                      const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
 // The manifest's dtype name of a scalar type ("float32", "int64", "bfloat16").
 std::string dtype_name(at::ScalarType dtype);
