@@ -24,9 +24,9 @@ bare loader: per-call latency, and open time split into hashing and binding.
    of each package's files and of a `--big-mb` synthetic file (tiny sidecars
    are too small to time).
 
-Threads: `--threads` (default 1 on the CPU: two cores shared with other
-work make a 2-thread call's time swing by 3x). Writes
-bench/results/<out-name>.json and .md.
+Threads: `--threads` (default 1 for a CPU target: two cores shared with
+other work make a 2-thread call's time swing by 3x; torch's default for a
+CUDA target). Writes bench/results/<out-name>.json and .md.
 """
 
 from __future__ import annotations
@@ -85,10 +85,12 @@ def per_call_us(fn: Callable[[], object], calls: int, device: str) -> float:
 
 
 def bench_tool(tool: Path, directory: Path, inputs: Path, args: argparse.Namespace, **options: Any) -> dict[str, Any]:
-    command = [str(tool), str(directory), "--inputs", str(inputs), "--threads", str(args.threads)]
+    command = [str(tool), str(directory), "--inputs", str(inputs)]
+    command += ["--threads", str(args.threads)] if args.threads else []
     command += ["--device", args.device] if args.device else []
     for key, value in options.items():
-        command += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+        if value is not False:  # a flag given as True, or an option's value
+            command += [f"--{key}"] if value is True else [f"--{key}", str(value)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(f"{' '.join(command)} failed: {done.stderr}")
@@ -106,7 +108,8 @@ def bench_package(tool: Path, module: str, weights: str, root: Path, args: argpa
     inputs = root / f"{module}-{weights}-inputs.safetensors"
     save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, str(inputs))
     device = args.device or result.manifest["target"]["device"]
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     record: dict[str, Any] = {"module": module, "weights": weights, "device": device, "calls": args.calls}
 
     # Per call: C++ processes and Python calls, alternating.
@@ -225,7 +228,8 @@ def open_table(rec: dict[str, Any]) -> list[str]:
 
 def markdown(records: list[dict[str, Any]], big: dict[str, Any] | None, args: argparse.Namespace) -> str:
     cold = ", cold" if args.cold else ""
-    lines = [f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds{cold}"]
+    threads = f"{args.threads} thread(s)" if args.threads else "torch's threads"
+    lines = [f"torch {torch.__version__}, {threads}, {args.rounds} rounds{cold}"]
     for rec in records:
         if not rec["calls_us"]:
             continue
@@ -274,11 +278,13 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="default: the build's target device")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2000, help="calls per round; 0 times opens only")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads; default 1 for a CPU target")
     parser.add_argument("--cold", action="store_true", help="drop the files' pages before every open")
     parser.add_argument("--big-mb", type=int, default=1024, help="synthetic file for hash speed; 0: none")
     parser.add_argument("--out-name", default="cpp_runner")
     args = parser.parse_args()
+    if args.threads is None and args.target == "cpu":
+        args.threads = 1
     tool = build_bench_tool()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

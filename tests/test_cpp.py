@@ -33,6 +33,8 @@ def run(*command: str | Path, timeout: float = 300) -> subprocess.CompletedProce
 def cpp_tools() -> dict[str, Path]:
     """flashrt-run and flashrt-api-probe, configured and built with CMake
     against this interpreter's torch (incremental: build/cpp is kept)."""
+    if shutil.which("cmake") is None:
+        pytest.fail("cmake is not on PATH: the C++ library's tests need CMake 3.18+ and OpenSSL's headers")
     configure = run(
         "cmake", "-S", REPO / "cpp", "-B", BUILD,
         f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
