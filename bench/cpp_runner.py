@@ -2,6 +2,7 @@
 bare loader: per-call latency, and open time split into hashing and binding.
 
     .venv/bin/python bench/cpp_runner.py                          # CPU: mlp (baked), gpt2_tiny (external)
+    .venv/bin/python bench/cpp_runner.py --stage-deps             # here, for a GPU machine without the headers
     CXX=g++-12 python bench/cpp_runner.py --target cuda --packages llama_1b:external --calls 50 \
         --out-name cpp_runner_h200                                  # H200: llama_1b open time
 
@@ -56,6 +57,34 @@ from flashrt_build.inputs import make_inputs  # noqa: E402
 from flashrt_build.spec import resolve_spec  # noqa: E402
 
 BUILD = REPO / "build" / "cpp"
+DEPS = REPO / "build" / "cpp-deps"
+
+
+def stage_deps() -> None:
+    """Copy the C++ library's build-time headers (nlohmann/json from this venv,
+    OpenSSL's from this system) into build/cpp-deps, for a machine that has
+    neither and cannot fetch them: carry build/cpp-deps there."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("nlohmann_json")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("nlohmann-json is not installed here (pip install nlohmann-json==3.12.0)")
+    shutil.rmtree(DEPS, ignore_errors=True)
+    shutil.copytree(Path(spec.submodule_search_locations[0]) / "include" / "nlohmann", DEPS / "json" / "nlohmann")
+    for include in (Path("/usr/include/openssl"), Path("/usr/include/x86_64-linux-gnu/openssl")):
+        if include.is_dir():
+            shutil.copytree(include, DEPS / "openssl" / "include" / "openssl", dirs_exist_ok=True)
+    print(f"staged {DEPS}: carry it to the machine that runs this script")
+
+
+def libcrypto() -> str | None:
+    """The libcrypto this Python's hashlib loaded: present wherever Python is."""
+    import _hashlib  # noqa: F401
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcrypto" in line}
+    return min(paths) if paths else None
 
 
 def build_bench_tool() -> Path:
@@ -64,6 +93,13 @@ def build_bench_tool() -> Path:
         "cmake", "-S", str(REPO / "cpp"), "-B", str(BUILD), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
         f"-DPython3_EXECUTABLE={sys.executable}", "-DCMAKE_BUILD_TYPE=Release", "-DFLASHRT_BUILD_BENCH=ON",
     ]  # fmt: skip
+    if (DEPS / "json").is_dir():
+        configure.append(f"-DNLOHMANN_JSON_INCLUDE_DIR={DEPS / 'json'}")
+    if (DEPS / "openssl").is_dir() and not Path("/usr/include/openssl/evp.h").exists():
+        configure += [
+            f"-DOPENSSL_INCLUDE_DIR={DEPS / 'openssl' / 'include'}",
+            f"-DOPENSSL_CRYPTO_LIBRARY={libcrypto()}",
+        ]
     for command in (configure, ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", "flashrt-bench"]):
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode:
@@ -282,7 +318,11 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="drop the files' pages before every open")
     parser.add_argument("--big-mb", type=int, default=1024, help="synthetic file for hash speed; 0: none")
     parser.add_argument("--out-name", default="cpp_runner")
+    parser.add_argument("--stage-deps", action="store_true", help="only copy the build's headers to build/cpp-deps")
     args = parser.parse_args()
+    if args.stage_deps:
+        stage_deps()
+        return
     if args.threads is None and args.target == "cpu":
         args.threads = 1
     tool = build_bench_tool()

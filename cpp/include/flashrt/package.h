@@ -73,7 +73,9 @@ struct OpenStats {
   double total_s = 0;
 };
 
-// A loaded, checked package. Movable, not copyable.
+// A loaded, checked package. Movable, not copyable. A stateless package's
+// run() may be called from several threads at once (libtorch's runner takes
+// them in turn); bind() and a stateful package's calls must not overlap.
 class Package {
  public:
   // The package in `dir` (a flashrt_build output directory) on `device`
