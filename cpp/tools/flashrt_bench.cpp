@@ -177,7 +177,9 @@ int main(int argc, char** argv) {
     }
     const at::Tensor x = flashrt::SafetensorsFile(inputs_path).tensor(pkg.inputs()[0].name).to(pkg.device());
     const std::vector<at::Tensor> inputs = {x};
-    if (!at::equal(bare.run(inputs).at(0).cpu(), pkg.run(inputs).at(0).cpu())) {
+    // A sanity check, not a verification: a GPU's kernels need not be bit-reproducible.
+    const at::Tensor a = bare.run(inputs).at(0).cpu().to(at::kFloat), b = pkg.run(inputs).at(0).cpu().to(at::kFloat);
+    if (!at::allclose(a, b, 1e-2, 1e-2)) {
       throw std::runtime_error("the bare loader and Package::run disagree");
     }
     std::vector<std::pair<std::string, std::function<void()>>> variants = {
