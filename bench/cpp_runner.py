@@ -52,9 +52,6 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 import flashrt_build  # noqa: E402
-from flashrt_build.config import compose  # noqa: E402
-from flashrt_build.inputs import make_inputs  # noqa: E402
-from flashrt_build.spec import resolve_spec  # noqa: E402
 
 BUILD = REPO / "build" / "cpp"
 DEPS = REPO / "build" / "cpp-deps"
@@ -133,17 +130,29 @@ def bench_tool(tool: Path, directory: Path, inputs: Path, args: argparse.Namespa
     return json.loads(done.stdout)
 
 
+def example_inputs(manifest: dict[str, Any], device: str) -> dict[str, torch.Tensor]:
+    """Seeded inputs of the example shapes the manifest lists (token ids within the config's range)."""
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for spec in manifest["inputs"]:
+        dtype = getattr(torch, spec["dtype"])
+        if dtype.is_floating_point:
+            value = torch.randn(spec["shape"], generator=generator).to(dtype)
+        else:
+            high = manifest["config"]["module"]["inputs"][spec["name"]].get("high") or 2
+            value = torch.randint(0, high, spec["shape"], generator=generator, dtype=dtype)
+        tensors[spec["name"]] = value.to(device)
+    return tensors
+
+
 def bench_package(tool: Path, module: str, weights: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     overrides = [f"+module={module}", f"weights={weights}", f"target={args.target}", f"output_root={root}"]
-    cfg = compose(overrides)
     print(f"building {module} ({weights}, {args.target})", flush=True)
-    result = flashrt_build.build(cfg)
-    example = make_inputs(resolve_spec(cfg))
-    names = [i["name"] for i in result.manifest["inputs"]]
-    tensors = dict(zip(names, [*example.args, *(example.kwargs[n] for n in names[len(example.args) :])], strict=True))
+    result = flashrt_build.build(flashrt_build.compose(overrides))
+    device = args.device or result.manifest["target"]["device"]
+    tensors = example_inputs(result.manifest, device)
     inputs = root / f"{module}-{weights}-inputs.safetensors"
     save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, str(inputs))
-    device = args.device or result.manifest["target"]["device"]
     if args.threads:
         torch.set_num_threads(args.threads)
     record: dict[str, Any] = {"module": module, "weights": weights, "device": device, "calls": args.calls}

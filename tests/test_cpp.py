@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
-from flashrt_build.config import compose
 
 pytestmark = pytest.mark.slow
 
@@ -49,9 +48,8 @@ def cpp_tools() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def stateful_package(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A baked package of tests/modules.Stateful (a step counter, a running
-    mean); returns (output dir, config dir)."""
+def stateful_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A baked package of tests/modules.Stateful (a step counter, a running mean)."""
     tmp = tmp_path_factory.mktemp("cpp_stateful")
     conf = tmp / "conf"
     (conf / "module").mkdir(parents=True)
@@ -59,8 +57,8 @@ def stateful_package(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
         "name: stateful\nmodel: {_target_: modules.Stateful}\n"
         "inputs: {x: {shape: [3, 4], dynamic: {0: {name: batch, min: 1, max: 16}}}}\n"
     )
-    cfg = compose(["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"], config_dir=conf)
-    return flashrt_build.build(cfg).output_dir, conf
+    overrides = ["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"]
+    return flashrt_build.build(flashrt_build.compose(overrides, config_dir=conf)).output_dir
 
 
 def copy_package(source: Path, tmp_path: Path) -> Path:
@@ -325,12 +323,11 @@ def test_the_callers_tensors_are_bound_without_a_copy(
 
 
 def test_a_stateful_package_threads_its_state_call_after_call(
-    cpp_tools: dict[str, Path], stateful_package: tuple[Path, Path], tmp_path: Path
+    cpp_tools: dict[str, Path], stateful_package: Path, tmp_path: Path
 ) -> None:
-    from flashrt_build.module import instantiate_module
-    from flashrt_build.spec import resolve_spec
+    from modules import Stateful
 
-    directory, conf = stateful_package
+    directory = stateful_package
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
     given, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     save_file({"x": x}, str(given))
@@ -348,8 +345,9 @@ def test_a_stateful_package_threads_its_state_call_after_call(
         torch.testing.assert_close(result[f"state.{name}"], value)
     assert result["state.steps"].item() == 3
 
-    # The caller's own module state: its buffers are the state, updated in place.
-    host = instantiate_module(resolve_spec(compose(["+module=stateful"], config_dir=conf)))
+    # The caller's own module, weights and state: its buffers are the state, updated in place.
+    torch.manual_seed(7)
+    host = Stateful().eval()
     host_file = tmp_path / "host.safetensors"
     save_file({k: v.contiguous() for k, v in host.state_dict().items()}, str(host_file))
     proc = run(cpp_tools["probe"], "run", directory, given, out, "--calls", "3", "--map", host_file)
