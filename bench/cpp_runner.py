@@ -51,6 +51,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from report import publish  # noqa: E402
+
 import flashrt_build  # noqa: E402
 
 BUILD = REPO / "build" / "cpp"
@@ -342,9 +344,13 @@ def main() -> None:
     out = HERE / "results" / args.out_name
     raw = {"args": vars(args), "packages": records, "big_file": big}
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
-    text = markdown(records, big, args)
-    out.with_suffix(".md").write_text(text)
-    print(text)
+    command = " ".join(["python bench/cpp_runner.py", *sys.argv[1:]])
+    publish(
+        out.with_suffix(".md"),
+        "Serving from C++: flashrt::Package against Python and libtorch",
+        command,
+        markdown(records, big, args),
+    )
 
 
 if __name__ == "__main__":
