@@ -91,7 +91,7 @@ struct TableEntry {
 using Table = std::map<std::string, TableEntry>;
 
 // Every difference between the manifest's tensors and a table, as the
-// Python side's `checkpoint.compare` lists them: (kind, names) in the order
+// Python side's `runtime.checkpoint.compare` lists them: (kind, names) in the order
 // missing, unexpected, wrong shape, wrong dtype, wrong device; kinds without
 // names left out. `chosen` gets fqn -> the table's name for it.
 std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std::vector<WeightEntry>& entries,

@@ -1,6 +1,6 @@
 // Package: open (digests, weights checked and bound), run (inputs checked,
 // state threaded). The checks mirror flashrt_build's Python loader
-// (load.py, checkpoint.py), messages included.
+// (flashrt_build/runtime/load.py and checkpoint.py), messages included.
 #include "internal.h"
 
 #include <ATen/ATen.h>
