@@ -1,10 +1,11 @@
 # make run   build the default example (outputs/mlp/cpu-baked-default/)
 # make test  lint, then the whole test suite
+# make cpp   the C++ library and flashrt-run, built against the venv's torch (build/cpp/)
 VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint format clean
+.PHONY: run test lint format clean cpp
 
 # (Re)create the venv when it is absent or older than the lock or pyproject.
 $(STAMP): requirements.lock pyproject.toml
@@ -24,9 +25,14 @@ lint: $(STAMP)
 test: lint
 	$(PYTHON) -m pytest -q
 
+cpp: $(STAMP)
+	cmake -S cpp -B build/cpp -DCMAKE_PREFIX_PATH="$$($(PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+		-DPython3_EXECUTABLE=$(abspath $(PYTHON))
+	cmake --build build/cpp -j
+
 format: $(STAMP)
 	$(PYTHON) -m ruff format .
 	$(PYTHON) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) outputs/*/ outputs/.runs outputs/.sweeps
+	rm -rf $(VENV) build outputs/*/ outputs/.runs outputs/.sweeps

@@ -1,0 +1,103 @@
+// Declarations shared by the library's sources; not installed.
+#pragma once
+
+#include <flashrt/package.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace flashrt::detail {
+
+// --- dtypes (safetensors.cpp) ---
+// The manifest's dtype names ("float32") and safetensors' codes ("F32").
+std::optional<at::ScalarType> dtype_from_name(const std::string& name);
+std::optional<at::ScalarType> dtype_from_safetensors(const std::string& code);
+std::string safetensors_code(at::ScalarType dtype);
+
+// "[2, 32]", the way the Python side prints a shape.
+std::string shape_str(const std::vector<int64_t>& shape);
+
+// --- the manifest (manifest.cpp) ---
+struct WeightEntry {
+  std::string fqn;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+  std::string kind;  // parameter | buffer | constant
+  bool persistent = true;
+  std::vector<std::string> names;  // fqn, then its export name (source), then tied aliases
+  // A checkpoint must supply parameters and persistent buffers; constants of
+  // the forward's code and non-persistent buffers default to the build's values.
+  bool required() const { return kind == "parameter" || (kind == "buffer" && persistent); }
+};
+
+struct StateEntry {
+  std::string fqn;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+
+struct FileRecord {
+  std::string file;  // relative to the output directory
+  std::string sha256;
+};
+
+struct Manifest {
+  std::filesystem::path path;
+  std::string name;
+  std::string target_device;  // "cpu", "cuda", "cuda:1"
+  std::string target_dtype;
+  std::optional<bool> tf32;
+  std::optional<std::string> gpu_capability;  // "9.0" for a CUDA build
+  std::optional<std::string> gpu_name;
+  FileRecord package;
+  bool external = false;
+  std::optional<FileRecord> weights_file;
+  std::vector<WeightEntry> weights;
+  std::vector<std::string> unused;  // names a checkpoint may carry that the graph never reads
+  std::optional<FileRecord> state_file;
+  std::vector<StateEntry> state;
+  std::vector<InputSpec> inputs;
+  std::vector<std::string> constant_kwargs;  // config.module.kwargs: no tensors, fixed at build time
+};
+
+// Reads and checks `dir`/manifest.json; throws Error(Artifact) naming the file and key.
+Manifest read_manifest(const std::filesystem::path& dir);
+
+// --- the package's call spec (call_spec.cpp) ---
+// What the compiled code takes and returns, from torch's serialised pytree
+// treespecs (AOTIModelPackageLoader::get_call_spec()).
+struct CallSpec {
+  // Flat tensor inputs in the compiled code's order: an input's name, or
+  // "flashrt_state.<fqn>" for a threaded buffer.
+  std::vector<std::string> order;
+  std::vector<std::string> outputs;  // output leaves' paths, state excluded
+  std::vector<std::string> state_outputs;  // the trailing outputs: new state values, by fqn
+};
+
+CallSpec parse_call_spec(const std::vector<std::string>& spec, const Manifest& manifest);
+
+inline constexpr const char* kStateKwarg = "flashrt_state";
+
+// --- weights against the manifest (package.cpp) ---
+struct TableEntry {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+  std::optional<c10::Device> device;  // known for tensors in memory, not for a file's table
+};
+using Table = std::map<std::string, TableEntry>;
+
+// Every difference between the manifest's tensors and a table, as the
+// Python side's `runtime.checkpoint.compare` lists them: (kind, names) in the order
+// missing, unexpected, wrong shape, wrong dtype, wrong device; kinds without
+// names left out. `chosen` gets fqn -> the table's name for it.
+std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std::vector<WeightEntry>& entries,
+                                                                      const Table& table,
+                                                                      const std::vector<std::string>& unused,
+                                                                      std::optional<c10::Device> device,
+                                                                      std::map<std::string, std::string>& chosen);
+
+}  // namespace flashrt::detail

@@ -1,0 +1,153 @@
+// manifest.json: read with nlohmann, checked, turned into the plain structs
+// the package needs. A key that is missing or of the wrong type is named.
+#include "internal.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace flashrt::detail {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kSchema = "flashrt_build.manifest/1";
+
+// A JSON value and the key path that led to it, for messages.
+struct Node {
+  const json& value;
+  std::string key;
+  const std::filesystem::path& file;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(Error::Kind::Artifact, file.string() + ": " + key + " " + what);
+  }
+  Node operator[](const std::string& name) const {
+    if (!value.is_object()) fail("is not an object");
+    auto it = value.find(name);
+    if (it == value.end()) fail("has no key '" + name + "'");
+    return {*it, key.empty() ? name : key + "." + name, file};
+  }
+  Node operator[](size_t i) const { return {value.at(i), key + "[" + std::to_string(i) + "]", file}; }
+  bool has(const std::string& name) const { return value.is_object() && value.contains(name); }
+  bool null() const { return value.is_null(); }
+  size_t size() const {
+    if (!value.is_array()) fail("is not a list");
+    return value.size();
+  }
+  template <typename T>
+  T as() const {
+    try {
+      return value.get<T>();
+    } catch (const json::exception&) {
+      fail("has the wrong type (" + std::string(value.type_name()) + ": " + value.dump() + ")");
+    }
+  }
+  at::ScalarType dtype() const {
+    auto d = dtype_from_name(as<std::string>());
+    if (!d) fail("names dtype '" + as<std::string>() + "', which this library does not know");
+    return *d;
+  }
+  std::vector<int64_t> shape() const { return as<std::vector<int64_t>>(); }
+  FileRecord file_record() const { return {(*this)["file"].as<std::string>(), (*this)["sha256"].as<std::string>()}; }
+};
+
+}  // namespace
+
+Manifest read_manifest(const std::filesystem::path& dir) {
+  Manifest m;
+  m.path = dir / "manifest.json";
+  std::ifstream in(m.path, std::ios::binary);
+  if (!in) {
+    throw Error(Error::Kind::Artifact,
+                m.path.string() + " does not exist: " + dir.string() + " holds no complete build");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  json doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const json::exception& e) {
+    throw Error(Error::Kind::Artifact, m.path.string() + " is not valid JSON (" + e.what() + ")");
+  }
+  const Node root{doc, "", m.path};
+  const bool has_schema = root.has("schema") && root["schema"].value.is_string();
+  const std::string schema = has_schema ? root["schema"].as<std::string>() : "";
+  if (schema != kSchema) {
+    throw Error(Error::Kind::Artifact,
+                m.path.string() + " has schema '" + schema + "', expected '" + kSchema + "'");
+  }
+  m.name = root["name"].as<std::string>();
+
+  const Node target = root["target"];
+  m.target_device = target["device"].as<std::string>();
+  m.target_dtype = target["dtype"].as<std::string>();
+  if (target.has("tf32") && !target["tf32"].null()) m.tf32 = target["tf32"].as<bool>();
+  if (root.has("toolchain") && root["toolchain"].has("gpu") && !root["toolchain"]["gpu"].null()) {
+    m.gpu_capability = root["toolchain"]["gpu"]["capability"].as<std::string>();
+    m.gpu_name = root["toolchain"]["gpu"]["name"].as<std::string>();
+  }
+
+  m.package = root["package"].file_record();
+
+  const Node weights = root["weights"];
+  m.external = weights["mode"].as<std::string>() == "external";
+  if (m.external) m.weights_file = weights.file_record();
+  const Node tensors = weights["tensors"];
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Node t = tensors[i];
+    WeightEntry e{t["fqn"].as<std::string>(), t["shape"].shape(), t["dtype"].dtype(), t["kind"].as<std::string>(),
+                  true, {}};
+    if (t.has("persistent") && !t["persistent"].null()) e.persistent = t["persistent"].as<bool>();
+    e.names.push_back(e.fqn);
+    if (t.has("source") && !t["source"].null()) e.names.push_back(t["source"].as<std::string>());
+    if (t.has("aliases")) {
+      for (auto& alias : t["aliases"].as<std::vector<std::string>>()) e.names.push_back(alias);
+    }
+    m.weights.push_back(std::move(e));
+  }
+  if (weights.has("unused")) m.unused = weights["unused"].as<std::vector<std::string>>();
+
+  if (root.has("state") && !root["state"].null()) {
+    const Node state = root["state"];
+    m.state_file = state.file_record();
+    const Node entries = state["tensors"];
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const Node t = entries[i];
+      m.state.push_back({t["fqn"].as<std::string>(), t["shape"].shape(), t["dtype"].dtype()});
+    }
+  }
+
+  const Node inputs = root["inputs"];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Node in = inputs[i];
+    InputSpec spec{in["name"].as<std::string>(), in["shape"].shape(), in["dtype"].dtype(), {}, false};
+    if (in.has("positional")) spec.positional = in["positional"].as<bool>();
+    const Node dynamic = in["dynamic"];
+    for (const auto& [axis, dim] : dynamic.value.items()) {
+      const Node d{dim, dynamic.key + "." + axis, m.path};
+      DynamicDim dd{0, d["name"].as<std::string>(), d["min"].as<int64_t>(), d["max"].as<int64_t>()};
+      try {
+        dd.axis = std::stoll(axis);
+      } catch (const std::exception&) {
+        d.fail("is not an integer axis");
+      }
+      if (dd.axis < 0 || dd.axis >= static_cast<int64_t>(spec.shape.size())) {
+        d.fail("is outside the input's " + std::to_string(spec.shape.size()) + " dims");
+      }
+      spec.dynamic.push_back(std::move(dd));
+    }
+    m.inputs.push_back(std::move(spec));
+  }
+  // Positional inputs come first, then keyword ones: the order the Python module takes them in.
+  std::stable_partition(m.inputs.begin(), m.inputs.end(), [](const InputSpec& s) { return s.positional; });
+
+  const Node module = root["config"]["module"];
+  if (module.has("kwargs") && module["kwargs"].value.is_object()) {
+    for (const auto& [key, value] : module["kwargs"].value.items()) m.constant_kwargs.push_back(key);
+  }
+  return m;
+}
+
+}  // namespace flashrt::detail

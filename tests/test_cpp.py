@@ -1,0 +1,361 @@
+"""The C++ library (cpp/) on real packages: built once per session against the
+venv's torch, then driven through flashrt-run and flashrt-api-probe in
+subprocesses, its outputs compared with `flashrt_build.load` on the same inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import flashrt_build
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "build" / "cpp"
+
+
+def run(*command: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="session")
+def cpp_tools() -> dict[str, Path]:
+    """flashrt-run and flashrt-api-probe, configured and built with CMake
+    against this interpreter's torch (incremental: build/cpp is kept)."""
+    if shutil.which("cmake") is None:
+        pytest.fail("cmake is not on PATH: the C++ library's tests need CMake 3.18+ and OpenSSL's headers")
+    configure = run(
+        "cmake", "-S", REPO / "cpp", "-B", BUILD,
+        f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+        f"-DPython3_EXECUTABLE={sys.executable}",
+        "-DCMAKE_BUILD_TYPE=Release", "-DFLASHRT_BUILD_TESTS=ON",
+    )  # fmt: skip
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    jobs = str(min(os.cpu_count() or 1, 4))
+    build = run("cmake", "--build", BUILD, "-j", jobs, "--target", "flashrt-run", "flashrt-api-probe", timeout=900)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    return {"run": BUILD / "flashrt-run", "probe": BUILD / "flashrt-api-probe"}
+
+
+@pytest.fixture(scope="session")
+def stateful_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A baked package of tests/modules.Stateful (a step counter, a running mean)."""
+    tmp = tmp_path_factory.mktemp("cpp_stateful")
+    conf = tmp / "conf"
+    (conf / "module").mkdir(parents=True)
+    (conf / "module" / "stateful.yaml").write_text(
+        "name: stateful\nmodel: {_target_: modules.Stateful}\n"
+        "inputs: {x: {shape: [3, 4], dynamic: {0: {name: batch, min: 1, max: 16}}}}\n"
+    )
+    overrides = ["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"]
+    return flashrt_build.build(flashrt_build.compose(overrides, config_dir=conf)).output_dir
+
+
+def copy_package(source: Path, tmp_path: Path) -> Path:
+    """A private copy to alter: build outputs are hard links into the store."""
+    target = tmp_path / "pkg"
+    shutil.copytree(source, target)
+    return target
+
+
+def rewrite_sidecar(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """A new weights.safetensors whose digest the manifest records, as a build would."""
+    sidecar = directory / "weights.safetensors"
+    sidecar.unlink()
+    save_file(tensors, str(sidecar))
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["weights"]["sha256"] = sha256(sidecar)
+    manifest["weights"]["bytes"] = sidecar.stat().st_size
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.unlink()  # never write through a hard link
+    path.write_bytes(bytes(data))
+
+
+def cpp_run(tools: dict[str, Path], directory: Path, inputs: dict[str, torch.Tensor], tmp_path: Path, *extra: str):
+    """flashrt-run on `inputs`; (completed process, outputs by name or None)."""
+    given, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file(inputs, str(given))
+    out.unlink(missing_ok=True)
+    proc = run(tools["run"], directory, "--inputs", given, "--out", out, *extra)
+    return proc, (load_file(str(out)) if out.exists() else None)
+
+
+def mlp_x(batch: int = 5) -> torch.Tensor:
+    return torch.randn(batch, 16, generator=torch.Generator().manual_seed(batch))
+
+
+def test_cpp_output_equals_python_load_on_a_baked_package(
+    cpp_tools: dict[str, Path], mlp_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    model = flashrt_build.load(mlp_build.output_dir)
+    for batch in (1, 5, 64):  # the dynamic batch at its ends and between
+        proc, out = cpp_run(cpp_tools, mlp_build.output_dir, {"x": mlp_x(batch)}, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert list(out) == ["output"]
+        torch.testing.assert_close(out["output"], model(mlp_x(batch)))
+    assert proc.stdout.startswith("mlp on cpu: 1 call, output [64, 8] float32 -> ")
+
+
+def test_cpp_output_equals_python_load_on_an_external_package(
+    cpp_tools: dict[str, Path], gpt2_external_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    ids = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(0))
+    proc, out = cpp_run(cpp_tools, gpt2_external_build.output_dir, {"input_ids": ids}, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # the output tree's leaf by its key; use_cache, a constant keyword argument, is no input
+    assert list(out) == ["logits"] and out["logits"].shape == (2, 7, 1000)
+    torch.testing.assert_close(out["logits"], flashrt_build.load(gpt2_external_build.output_dir)(ids).logits)
+
+
+@pytest.mark.parametrize(("file", "what"), [("model.pt2", "the package"), ("weights.safetensors", "the weights")])
+def test_a_flipped_byte_is_refused_naming_the_file_and_both_digests(
+    cpp_tools: dict[str, Path],
+    mlp_external_build: flashrt_build.BuildResult,
+    tmp_path: Path,
+    file: str,
+    what: str,
+) -> None:
+    directory = copy_package(mlp_external_build.output_dir, tmp_path)
+    path = directory / file
+    expected = sha256(path)
+    flip_byte(path, path.stat().st_size // 2)
+    proc, out = cpp_run(cpp_tools, directory, {"x": mlp_x()}, tmp_path)
+    assert proc.returncode == 1 and out is None
+    assert proc.stderr == (
+        f"flashrt-run: error: {path} ({what}) was altered after its build: sha256 {sha256(path)} "
+        f"differs from the manifest's {expected}; refusing to load it\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ("missing", "missing: fc1.weight"),
+        ("reshaped", "wrong shape: fc2.weight [64, 8] (package expects [8, 64])"),
+        ("retyped", "wrong dtype: norm.bias float64 (package expects float32)"),
+    ],
+)
+def test_a_sidecar_that_does_not_fit_the_manifest_is_refused(
+    cpp_tools: dict[str, Path],
+    mlp_external_build: flashrt_build.BuildResult,
+    tmp_path: Path,
+    change: str,
+    problem: str,
+) -> None:
+    """Its digest matches the manifest (as if built that way): the names,
+    shapes and dtypes are what refuse it."""
+    directory = copy_package(mlp_external_build.output_dir, tmp_path)
+    tensors = load_file(str(directory / "weights.safetensors"))
+    if change == "missing":
+        del tensors["fc1.weight"]
+    elif change == "reshaped":
+        tensors["fc2.weight"] = tensors["fc2.weight"].reshape(64, 8).contiguous()
+    else:
+        tensors["norm.bias"] = tensors["norm.bias"].double()
+    rewrite_sidecar(directory, tensors)
+    proc, out = cpp_run(cpp_tools, directory, {"x": mlp_x()}, tmp_path)
+    assert proc.returncode == 1 and out is None
+    sidecar = directory / "weights.safetensors"
+    assert proc.stderr == f"flashrt-run: error: weights from {sidecar} do not fit the package: {problem}\n"
+
+
+def test_a_checkpoint_swapped_in_through_the_sidecar_gives_its_outputs(
+    cpp_tools: dict[str, Path],
+    mlp_external_build: flashrt_build.BuildResult,
+    mlp_checkpoint: Path,
+    tmp_path: Path,
+) -> None:
+    from flashrt_build.examples import MLP
+
+    eager = MLP().eval()
+    eager.load_state_dict(load_file(str(mlp_checkpoint)))
+    x = mlp_x()
+    with torch.no_grad():
+        expected = eager(x)
+    original, _ = cpp_run(cpp_tools, mlp_external_build.output_dir, {"x": x}, tmp_path)
+    before = load_file(str(tmp_path / "out.safetensors"))["output"]
+    assert original.returncode == 0 and not torch.allclose(before, expected)
+
+    # A new sidecar: the checkpoint plus the forward's own constant, which it lacks.
+    directory = copy_package(mlp_external_build.output_dir, tmp_path)
+    constant = load_file(str(directory / "weights.safetensors"))["_tensor_constant0"]
+    rewrite_sidecar(directory, {**load_file(str(mlp_checkpoint)), "_tensor_constant0": constant})
+    proc, out = cpp_run(cpp_tools, directory, {"x": x}, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(out["output"], expected)
+    torch.testing.assert_close(out["output"], flashrt_build.load(directory)(x))
+
+    # The same checkpoint given to the original package: the constant comes from its sidecar.
+    proc, out = cpp_run(cpp_tools, mlp_external_build.output_dir, {"x": x}, tmp_path, "--weights", mlp_checkpoint)
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(out["output"], expected)
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_listing_every_problem(
+    cpp_tools: dict[str, Path], mlp_external_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    gpt2_like = tmp_path / "other.safetensors"
+    save_file({"fc1.weight": torch.zeros(64, 15), "lm_head.weight": torch.zeros(2, 2)}, str(gpt2_like))
+    proc, out = cpp_run(cpp_tools, mlp_external_build.output_dir, {"x": mlp_x()}, tmp_path, "--weights", gpt2_like)
+    assert proc.returncode == 1 and out is None
+    assert proc.stderr == (
+        f"flashrt-run: error: weights from {gpt2_like} do not fit the package: "
+        "missing: fc1.bias, fc2.bias, fc2.weight, norm.bias, norm.weight, output_scale; unexpected: lm_head.weight; "
+        "wrong shape: fc1.weight [64, 15] (package expects [64, 16])\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"x": torch.zeros(5, 17)}, "input 'x' has size 17 on axis 1; the package was built for 16 "
+                                    "(the axis is static; make it dynamic in module.inputs.x.dynamic)"),
+        ({"x": torch.zeros(65, 16)}, "input 'x' has size 65 on axis 0 ('batch'); the package accepts 1 to 64"),
+        ({"x": torch.zeros(5, 16, dtype=torch.float64)}, "input 'x' has dtype float64; the package takes float32"),
+        ({"input_ids": torch.zeros(2, 3)}, "input 'input_ids' is not an input of the package; inputs: x"),
+    ],
+)  # fmt: skip
+def test_the_runner_refuses_inputs_the_package_was_not_built_for(
+    cpp_tools: dict[str, Path],
+    mlp_build: flashrt_build.BuildResult,
+    tmp_path: Path,
+    inputs: dict[str, torch.Tensor],
+    message: str,
+) -> None:
+    proc, out = cpp_run(cpp_tools, mlp_build.output_dir, inputs, tmp_path)
+    assert (proc.returncode, proc.stderr, out) == (1, f"flashrt-run: error: {message}\n", None)
+
+
+def test_the_runner_usage_errors_exit_2(cpp_tools: dict[str, Path], mlp_build: flashrt_build.BuildResult) -> None:
+    proc = run(cpp_tools["run"], mlp_build.output_dir, "--out", "x.safetensors")
+    assert proc.returncode == 2 and proc.stderr.startswith("flashrt-run: --inputs is required\nusage: flashrt-run DIR")
+    proc = run(cpp_tools["run"], mlp_build.output_dir.parent / "nowhere", "--inputs", "a", "--out", "b")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"flashrt-run: error: {mlp_build.output_dir.parent / 'nowhere' / 'manifest.json'} ")
+
+
+def test_the_library_refuses_weights_and_inputs_like_python_load(
+    cpp_tools: dict[str, Path],
+    mlp_external_build: flashrt_build.BuildResult,
+    mlp_checkpoint: Path,
+    tmp_path: Path,
+) -> None:
+    given = tmp_path / "in.safetensors"
+    save_file({"x": mlp_x()}, str(given))
+    proc = run(cpp_tools["probe"], "errors", mlp_external_build.output_dir, given, mlp_checkpoint)
+    assert proc.returncode == 0, proc.stderr
+    said = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
+
+    # The same bad weights through Python's load: the same message, problem for problem.
+    bad = load_file(str(mlp_checkpoint))
+    del bad["fc1.weight"]
+    bad.update(
+        {
+            "fc2.weight": torch.zeros(8, 63),
+            "norm.bias": bad["norm.bias"].double(),
+            "output_scale": torch.empty(8, device="meta"),
+            "extra.weight": torch.zeros(2),
+        }
+    )
+    with pytest.raises(flashrt_build.WeightsMismatch) as python:
+        flashrt_build.load(mlp_external_build.output_dir, weights=bad)
+    expected = str(python.value).replace("the given mapping", "the given tensors")
+    assert said["bind"] == said["open with tensors"] == expected
+    assert "missing: fc1.weight; unexpected: extra.weight; wrong shape: fc2.weight [8, 63]" in expected
+    assert said["unchanged after refusal"] == "yes"  # a refused bind binds nothing
+
+    assert said == {
+        **said,
+        "no inputs": "the package takes 1 inputs (x), got 0",
+        "undefined": "input 'x' must be a tensor, got an undefined one",
+        "rank": "input 'x' has 1 dims [80]; expected 2 like [4, 16]",
+        "static size": "input 'x' has size 17 on axis 1; the package was built for 16 "
+        "(the axis is static; make it dynamic in module.inputs.x.dynamic)",
+        "dynamic range": "input 'x' has size 0 on axis 0 ('batch'); the package accepts 1 to 64",
+        "dtype": "input 'x' has dtype float16; the package takes float32",
+        "device": "input 'x' is on meta; the package runs on cpu",
+        "unknown name": "input 'y' is not an input of the package; inputs: x",
+        "missing name": "missing inputs: x",
+        "valid": "accepted",
+    }
+
+
+def test_the_callers_tensors_are_bound_without_a_copy(
+    cpp_tools: dict[str, Path],
+    mlp_external_build: flashrt_build.BuildResult,
+    mlp_checkpoint: Path,
+    tmp_path: Path,
+) -> None:
+    x = mlp_x()
+    given, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file({"x": x}, str(given))
+    command = ["run", mlp_external_build.output_dir, given, out, "--map", mlp_checkpoint, "--edit", "fc2.bias"]
+    proc = run(cpp_tools["probe"], *command)
+    assert proc.returncode == 0, proc.stderr
+    # Every tensor of the checkpoint is the caller's own; the forward's constant comes from the sidecar.
+    assert proc.stdout == "borrowed: 7 of 8\n"
+    result = load_file(str(out))
+    weights = load_file(str(mlp_checkpoint))
+    torch.testing.assert_close(result["call0.output"], flashrt_build.load(mlp_external_build.output_dir, weights)(x))
+    # An in-place edit of the caller's tensor shows in the next call.
+    weights["fc2.bias"] += 1
+    torch.testing.assert_close(result["given.fc2.bias"], weights["fc2.bias"])
+    torch.testing.assert_close(result["edited.output"], flashrt_build.load(mlp_external_build.output_dir, weights)(x))
+
+
+def test_a_stateful_package_threads_its_state_call_after_call(
+    cpp_tools: dict[str, Path], stateful_package: Path, tmp_path: Path
+) -> None:
+    from modules import Stateful
+
+    directory = stateful_package
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
+    given, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file({"x": x}, str(given))
+    python = flashrt_build.load(directory)
+    expected = [python(x) for _ in range(3)]
+
+    # The initial state from state.safetensors, threaded through three calls.
+    proc = run(cpp_tools["probe"], "run", directory, given, out, "--calls", "3")
+    assert proc.returncode == 0, proc.stderr
+    result = load_file(str(out))
+    for call in range(3):
+        torch.testing.assert_close(result[f"call{call}.output"], expected[call])
+    assert not torch.allclose(expected[0], expected[2])  # the state changes the output
+    for name, value in python.state.items():
+        torch.testing.assert_close(result[f"state.{name}"], value)
+    assert result["state.steps"].item() == 3
+
+    # The caller's own module, weights and state: its buffers are the state, updated in place.
+    torch.manual_seed(7)
+    host = Stateful().eval()
+    host_file = tmp_path / "host.safetensors"
+    save_file({k: v.contiguous() for k, v in host.state_dict().items()}, str(host_file))
+    proc = run(cpp_tools["probe"], "run", directory, given, out, "--calls", "3", "--map", host_file)
+    assert proc.returncode == 0, proc.stderr
+    result = load_file(str(out))
+    with torch.no_grad():
+        eager = [host(x) for _ in range(3)]
+    for call in range(3):
+        torch.testing.assert_close(result[f"call{call}.output"], eager[call])
+    torch.testing.assert_close(result["given.steps"], host.steps)
+    torch.testing.assert_close(result["given.running_mean"], host.running_mean)
