@@ -87,3 +87,17 @@ def mlp_external_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_buil
 @pytest.fixture(scope="session")
 def gpt2_external_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
     return build_config("+module=gpt2_tiny", "weights=external", output_dir=tmp_path_factory.mktemp("gpt2_ext") / "out")
+
+
+@pytest.fixture(scope="session")
+def stateful_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_build.BuildResult, Path]:
+    """tests/modules.Stateful (a step counter, a running mean), baked; and its config dir."""
+    tmp = tmp_path_factory.mktemp("stateful")
+    conf = tmp / "conf"
+    (conf / "module").mkdir(parents=True)
+    (conf / "module" / "stateful.yaml").write_text(
+        "name: stateful\nmodel: {_target_: modules.Stateful}\n"
+        "inputs: {x: {shape: [3, 4], dynamic: {0: {name: batch, min: 1, max: 16}}}}\n"
+    )
+    cfg = compose(["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"], config_dir=conf)
+    return flashrt_build.build(cfg), conf

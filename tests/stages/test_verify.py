@@ -36,14 +36,6 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="session")
-def stateful_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_build.BuildResult, Path]:
-    tmp = tmp_path_factory.mktemp("stateful")
-    conf = module_conf(tmp, "stateful", "modules.Stateful", dynamic="{0: {name: batch, min: 1, max: 16}}")
-    cfg = compose(["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"], config_dir=conf)
-    return flashrt_build.build(cfg), conf
-
-
 def test_verification_runs_every_probe_in_a_fresh_process(mlp_build: flashrt_build.BuildResult) -> None:
     v = mlp_build.manifest["verification"]
     assert v["passed"] is True and v["process"] == "fresh"

@@ -20,7 +20,7 @@ import flashrt_build
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build" / "cpp"
 
 
@@ -48,17 +48,9 @@ def cpp_tools() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def stateful_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A baked package of tests/modules.Stateful (a step counter, a running mean)."""
-    tmp = tmp_path_factory.mktemp("cpp_stateful")
-    conf = tmp / "conf"
-    (conf / "module").mkdir(parents=True)
-    (conf / "module" / "stateful.yaml").write_text(
-        "name: stateful\nmodel: {_target_: modules.Stateful}\n"
-        "inputs: {x: {shape: [3, 4], dynamic: {0: {name: batch, min: 1, max: 16}}}}\n"
-    )
-    overrides = ["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"]
-    return flashrt_build.build(flashrt_build.compose(overrides, config_dir=conf)).output_dir
+def stateful_package(stateful_build: tuple[flashrt_build.BuildResult, Path]) -> Path:
+    """A baked package of tests/modules.Stateful (a step counter, a running mean), shared with test_verify."""
+    return stateful_build[0].output_dir
 
 
 def copy_package(source: Path, tmp_path: Path) -> Path:
