@@ -7,6 +7,7 @@ HYDRA_FULL_ERROR=1) for the traceback.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import sys
@@ -52,6 +53,10 @@ OmegaConf.register_new_resolver("flashrt_parallel_jobs", default_parallel_jobs, 
 OmegaConf.register_new_resolver("flashrt_logs_root", logs_root, replace=True)
 
 
+# Longer variant names keep their start and end in a digest of the whole.
+MAX_VARIANT = 96
+
+
 def variant_of(overrides: list[str]) -> str | None:
     """A directory-safe suffix from overrides that are not group choices."""
     parts = []
@@ -62,7 +67,10 @@ def variant_of(overrides: list[str]) -> str | None:
         if key == "module.checkpoint":  # the file's stem says which checkpoint, not its path
             key, value = "ckpt", Path(value).stem
         parts.append(re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{key}={value}"))
-    return ",".join(parts).replace("=", "_").replace(",", "-") or None
+    variant = ",".join(parts).replace("=", "_").replace(",", "-")
+    if len(variant) > MAX_VARIANT:  # a file name holds 255 bytes; the lock and staging names add to it
+        variant = f"{variant[: MAX_VARIANT - 13]}-{hashlib.sha256(variant.encode()).hexdigest()[:12]}"
+    return variant or None
 
 
 def run_job(cfg: DictConfig) -> int:

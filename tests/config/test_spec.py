@@ -295,3 +295,12 @@ def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> No
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a directory of configs"):
         compose(["+module=mlp"], config_dir=tmp_path / "f")
+
+
+def test_a_long_variant_is_shortened_keeping_variants_apart() -> None:
+    many = [f"module.model.width_{i}={i}" for i in range(20)]
+    first, second = variant_of(many), variant_of([*many[:-1], "module.model.width_19=7"])
+    assert first is not None and second is not None and first != second
+    assert len(first) <= 96 and first.startswith("module.model.width_0_0-") and first == variant_of(many)
+    # and it builds a usable directory name: the lock file beside it fits in 255 bytes
+    assert len(f".cpu-external-default-{first}.lock") < 255
