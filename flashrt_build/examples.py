@@ -22,3 +22,87 @@ class MLP(nn.Module):
         # A literal in forward: export lifts it as a constant the package binds.
         bias = torch.tensor([0.25, -0.25, 0.5, -0.5, 0.75, -0.75, 1.0, -1.0], dtype=x.dtype, device=x.device)
         return self.fc2(h) * self.output_scale + bias
+
+
+class _Block(nn.Module):
+    """Pre-norm attention and MLP; the caller owns the KV cache."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(dim, dim=-1)
+        return tuple(t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        x = x + self.out(attended.transpose(1, 2).flatten(2))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    """A decoder-only LM with a static KV cache, the shape of an LLM served in
+    two steps: `forward` is the prefill (a prompt of any length fills the
+    cache from position 0) and `decode` one token at a position (writes that
+    position of the cache and attends to everything up to it)."""
+
+    def __init__(self, vocab: int = 256, dim: int = 64, heads: int = 4, layers: int = 2, max_len: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(max_len, dim)
+        self.blocks = nn.ModuleList(_Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        # [layer, key/value, batch, head, position, head_dim]: the decoder's state.
+        self.register_buffer("kv_cache", torch.zeros(layers, 2, 1, heads, max_len, dim // heads))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        length = input_ids.shape[1]
+        x = self.embed(input_ids) + self.position(torch.arange(length, device=input_ids.device))
+        for i, block in enumerate(self.blocks):
+            q, k, v = block.qkv_heads(x)
+            self.kv_cache[i, 0, :, :, :length] = k
+            self.kv_cache[i, 1, :, :, :length] = v
+            x = block.finish(x, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return self.head(self.norm(x))
+
+    def decode(self, input_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One token (`input_ids` [1, 1]) at `position` ([1]): logits [1, 1, vocab]."""
+        x = self.embed(input_ids) + self.position(position)[None]
+        visible = (torch.arange(self.kv_cache.shape[4], device=position.device) <= position).view(1, 1, 1, -1)
+        for i, block in enumerate(self.blocks):
+            q, k, v = block.qkv_heads(x)
+            self.kv_cache[i, 0].index_copy_(2, position, k)
+            self.kv_cache[i, 1].index_copy_(2, position, v)
+            keys, values = self.kv_cache[i, 0], self.kv_cache[i, 1]
+            attended = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
+            x = block.finish(x, attended)
+        return self.head(self.norm(x))
+
+
+class T5Seq2Seq(nn.Module):
+    """A transformers T5 as two entry points: `encode` a source once, then
+    `decode` target tokens against its hidden states (what a translation or
+    summarisation server calls, step after step)."""
+
+    def __init__(self, config: object) -> None:
+        super().__init__()
+        from transformers import T5ForConditionalGeneration
+
+        self.t5 = T5ForConditionalGeneration(config)
+
+    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        return self.decode(decoder_input_ids, self.encode(input_ids))
+
+    def encode(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.t5.encoder(input_ids=input_ids).last_hidden_state
+
+    def decode(self, decoder_input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.t5(
+            encoder_outputs=(encoder_hidden_states,), decoder_input_ids=decoder_input_ids, use_cache=False
+        ).logits

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,12 +18,12 @@ from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from . import __version__
-from .cache.key import build_keys, key_ingredients
+from .cache.key import build_keys, key_ingredients, method_keys
 from .cache.reuse import check_up_to_date, reuse
 from .cache.store import Store, link_or_copy
 from .config.compose import as_build_config
 from .config.schema import BuildConfig, WeightsMode
-from .config.spec import BuildSpec, resolve_spec
+from .config.spec import BuildSpec, MethodSpec, resolve_spec
 from .runtime.checkpoint import dtype_name
 from .runtime.gpu import check_device, fp32_precision, gpu_of
 from .runtime.manifest import (
@@ -37,16 +38,16 @@ from .runtime.manifest import (
     read_manifest,
     write_manifest,
 )
-from .stages.export import export_module
+from .stages.export import Exported, export_module
 from .stages.inputs import dynamic_shapes, make_inputs
 from .stages.module import import_target, instantiate_module
-from .stages.package import compile_package, package_constant_fqns, validate_inductor_options
+from .stages.package import combine_packages, compile_package, package_constant_fqns, validate_inductor_options
 from .stages.progress import StageTimer
 from .stages.publish import build_lock, publish, staging_dir
 from .stages.threads import apply_threads
 from .stages.toolchain import describe_toolchain
 from .stages.verify import verify
-from .stages.weights import match_package_tensors, tensor_sha256, write_sidecar
+from .stages.weights import match_package_tensors, tensor_sha256, union_of_methods, write_sidecar
 
 log = logging.getLogger("flashrt_build")
 
@@ -96,12 +97,12 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
         module = instantiate_module(spec)
         timer.notes["instantiate"] = f"{sum(p.numel() for p in module.parameters()):,} parameters"
     with timer.stage("export"):
-        example = make_inputs(spec)
-        exported = export_module(module, spec, example, dynamic_shapes(spec, example))
-        program = exported.program
-        timer.notes["export"] = f"{len(program.graph.nodes)} graph nodes"
-        if exported.state:
-            timer.notes["export"] += f", state threaded: {', '.join(exported.state)}"
+        exported = [_export(module, spec, method) for method in spec.methods]
+        timer.notes["export"] = ", ".join(
+            f"{e.method.label + ': ' if e.method.label else ''}{len(e.program.graph.nodes)} graph nodes"
+            + (f", state threaded: {', '.join(e.state)}" if e.state else "")
+            for e in exported
+        )
     provenance = _module_provenance(spec)
     toolchain = describe_toolchain(spec.device, options)
 
@@ -113,30 +114,40 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
             return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
         package_path = staging / PACKAGE
         store = Store(spec.output_root)
-        previous = store.package(keys["graph_key"]) if spec.weights is WeightsMode.external else None
-        if previous is not None:
-            # Only the weights differ from a build already compiled: same package.
-            link_or_copy(previous, package_path)
-            log.info("%-11s %8s  reusing the package of graph %s", "compile", "skipped", keys["graph_key"][:12])
+        cache = _release_cache(spec, ingredients)
+        per_method = method_keys(ingredients) if spec.multi_method else {}
+        if spec.multi_method:
+            compiled = _compile_methods(spec, exported, options, per_method, store, package_path, cache, timer)
         else:
-            with timer.stage("compile"):
-                compile_package(program, options, package_path, spec.target, _release_cache(spec, ingredients))
+            compiled = {
+                spec.default_method.name: _compile_single(
+                    spec, exported[0], options, keys, store, package_path, cache, timer
+                )
+            }
         with timer.stage("package"):
-            fqns = package_constant_fqns(package_path)
-            matched = match_package_tensors(program, fqns, spec.target, exported.prefix, exported.state)
-            tensors, inlined, unused = matched
+            bound = {
+                e.method.name: match_package_tensors(
+                    e.program, package_constant_fqns(package_path, e.method.model), spec.target, e.state
+                )
+                for e in exported
+            }
+            tensors, inlined, unused = union_of_methods(bound) if spec.multi_method else bound[spec.default_method.name]
             weights: dict[str, Any] = {"mode": spec.weights.value, "file": None, "sha256": None}
             if spec.weights is WeightsMode.external:
                 sidecar = write_sidecar(staging / SIDECAR, tensors)
                 weights.update(file=SIDECAR, sha256=file_sha256(sidecar), bytes=sidecar.stat().st_size)
+            elif spec.multi_method:
+                weights["copies"] = len(spec.methods)  # each method's model holds its own
             package = {"file": PACKAGE, "sha256": file_sha256(package_path), "bytes": package_path.stat().st_size}
-            package["reused"] = previous is not None
+            package["reused"] = all(compiled.values())
             timer.notes["package"] = f"{package['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
             if spec.weights is WeightsMode.external:
                 timer.notes["package"] += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
             if inlined:
                 timer.notes["package"] += f", {len(inlined)} code constants inlined"
-            state = _write_state(staging, module, exported.state)
+            threaded = sorted({name for e in exported for name in e.state})
+            state = _write_state(staging, module, threaded)
+        default = next(e for e in exported if e.method == spec.default_method)
         manifest: dict[str, Any] = {
             "schema": SCHEMA,
             "name": spec.name,
@@ -152,8 +163,22 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
                 "unused": unused,
             },
             "state": state,
-            "inputs": [inp.to_json() for inp in spec.inputs],
-            "outputs": _output_specs(program, spec, len(exported.state)),
+            # the default method's (what m(...) calls); every method's under `methods`
+            "inputs": [inp.to_json() for inp in default.method.inputs],
+            "outputs": _output_specs(default),
+            "methods": {
+                e.method.name: {
+                    "method": e.method.attr,
+                    "model": e.method.model,
+                    "inputs": [inp.to_json() for inp in e.method.inputs],
+                    "outputs": _output_specs(e),
+                    "kwargs": dict(e.method.kwargs),
+                    "state": e.state,
+                    "compiled": "reused" if compiled[e.method.name] else "built",
+                    **({"method_key": per_method[e.method.name]} if spec.multi_method else {}),
+                }
+                for e in exported
+            },
             "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
             "inductor": {"options": _jsonable(options)},
             "release": spec.release,
@@ -168,7 +193,7 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
         if spec.verify:
             with timer.stage("verify"):
                 # In a fresh process, loaded as users load it: digests checked, weights bound.
-                record = verify(spec, module, staging, manifest, exported.state, spec.repeat, spec.verify_timeout)
+                record = verify(spec, module, staging, manifest, threaded, spec.repeat, spec.verify_timeout)
                 record["gpu"] = gpu_of(spec.device)  # the worker runs on the build's device
                 manifest["verification"] = record
                 timer.notes["verify"] = f"{len(record['probes'])} calls in a fresh process passed"
@@ -180,7 +205,7 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
         with timer.stage("manifest"):
             write_manifest(staging, manifest)
         publish(staging, spec.output_dir)
-    if spec.weights is WeightsMode.external:
+    if spec.weights is WeightsMode.external and not spec.multi_method:
         store.put("packages", keys["graph_key"], [spec.output_dir / PACKAGE])
     store.put(
         "artifacts",
@@ -189,6 +214,70 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
     )
     log.info("artifact: %s", spec.output_dir)
     return BuildResult(spec.output_dir, manifest, "built")
+
+
+def _export(module: torch.nn.Module, spec: BuildSpec, method: MethodSpec) -> Exported:
+    """Stage 3 and 4 for one method: its example inputs, then torch.export."""
+    example = make_inputs(spec, method=method)
+    return export_module(module, spec, example, dynamic_shapes(spec, example, method), method)
+
+
+def _compile_single(
+    spec: BuildSpec,
+    exported: Exported,
+    options: dict[str, Any],
+    keys: dict[str, Any],
+    store: Store,
+    package_path: Path,
+    cache: Path | None,
+    timer: StageTimer,
+) -> bool:
+    """Stage 5 for a module's forward; True when an earlier compile was reused."""
+    previous = store.package(keys["graph_key"]) if spec.weights is WeightsMode.external else None
+    if previous is not None:
+        # Only the weights differ from a build already compiled: same package.
+        link_or_copy(previous, package_path)
+        log.info("%-11s %8s  reusing the package of graph %s", "compile", "skipped", keys["graph_key"][:12])
+        return True
+    with timer.stage("compile"):
+        compile_package(exported.program, options, package_path, spec.target, cache)
+    return False
+
+
+def _compile_methods(
+    spec: BuildSpec,
+    exported: list[Exported],
+    options: dict[str, Any],
+    method_keys: dict[str, str],
+    store: Store,
+    package_path: Path,
+    cache: Path | None,
+    timer: StageTimer,
+) -> dict[str, bool]:
+    """Stage 5 for several methods: each compiled into a model of its own (or
+    reused from the store by its method key), then combined into one .pt2."""
+    reused: dict[str, bool] = {}
+    scratch = package_path.parent / ".methods"  # inside staging: a killed build leaves nothing behind
+    try:
+        parts = {}
+        for e in exported:
+            name, key = e.method.name, method_keys[e.method.name]
+            part = scratch / name / PACKAGE
+            part.parent.mkdir(parents=True)
+            previous = store.package(key, kind="methods")
+            reused[name] = previous is not None
+            if previous is not None:
+                link_or_copy(previous, part)
+                log.info("%-11s %8s  %s: reusing the model of method key %s", "compile", "skipped", name, key[:12])
+            else:
+                with timer.stage(f"compile {name}"):
+                    compile_package(e.program, options, part, f"{spec.target} method {name}", cache)
+                store.put("methods", key, [part])
+            parts[name] = part
+        combine_packages(parts, package_path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return reused
 
 
 def _release_cache(spec: BuildSpec, ingredients: dict[str, Any]) -> Path | None:
@@ -240,11 +329,12 @@ def _write_state(staging: Path, module: torch.nn.Module, names: list[str]) -> di
     }
 
 
-def _output_specs(program: torch.export.ExportedProgram, spec: BuildSpec, state: int = 0) -> list[dict[str, Any]]:
-    """Shape and dtype of each flattened output, dynamic dims by their names."""
+def _output_specs(exported: Exported) -> list[dict[str, Any]]:
+    """Shape and dtype of each flattened output of a method, dynamic dims by their names."""
+    program, state = exported.program, len(exported.state)
     names: dict[Any, str] = {}
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    for inp in spec.inputs:
+    for inp in exported.method.inputs:
         node = placeholders.get(inp.name)
         if node is None:
             continue

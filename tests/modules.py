@@ -122,3 +122,20 @@ class WithBatchNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn(self.fc(x))
+
+
+class BranchyMethod(nn.Module):
+    """A forward that exports and a method that branches on a tensor's value:
+    the build fails naming the method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+    def branchy(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.fc(x)
+        return -self.fc(x)

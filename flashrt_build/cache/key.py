@@ -112,6 +112,22 @@ def build_keys(ingredients: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
+    """For a package of several methods, one key per method: everything its
+    own compiled model depends on, so changing one method's inputs changes
+    that method's key only. A baked model holds the weights, so its key
+    includes them."""
+    methods = ingredients["config"]["module"].get("methods") or {}
+    keys = {}
+    for name, method in methods.items():
+        own = {k: v for k, v in ingredients.items() if k != "weights"}
+        own["config"] = {**own["config"], "module": {**own["config"]["module"], "methods": {name: method}}}
+        if ingredients["config"]["weights"] == "baked":
+            own["weights"] = ingredients["weights"]
+        keys[name] = canonical_sha256({"method": name, **own})
+    return keys
+
+
 def changed_ingredients(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     """Which ingredients differ, config keys one by one: what the log says changed."""
     if not old:

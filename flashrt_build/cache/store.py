@@ -2,6 +2,9 @@
 
 - `packages/<graph_key>/`: external-weights packages, which do not depend on
   weight values, so builds that differ only in checkpoint or seed share one compile;
+- `methods/<method_key>/`: one method's compiled model of a package with several,
+  so changing one method recompiles that method only (no output directory
+  links them, so `clean` removes them);
 - `artifacts/<build_key>/`: whole artifacts, so identical builds into several
   output directories (a sweep, a release tree) are built once.
 
@@ -69,14 +72,15 @@ class Store:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def package(self, graph_key: str) -> Path | None:
-        entry = self.get("packages", graph_key)
+    def package(self, key: str, kind: str = "packages") -> Path | None:
+        """A stored package: by graph key (`packages`) or, one method's model, by method key (`methods`)."""
+        entry = self.get(kind, key)
         return entry / PACKAGE if entry else None
 
     def prune(self, everything: bool = False) -> list[Path]:
         """Remove entries no output directory links to any more (or all of them)."""
         removed = []
-        for kind in ("packages", "artifacts"):
+        for kind in ("packages", "methods", "artifacts"):
             for entry in sorted((self.root / kind).glob("*")) if (self.root / kind).is_dir() else []:
                 files = [p for p in entry.iterdir() if p.name not in ("sha256", MANIFEST)]
                 if everything or all(p.stat().st_nlink <= 1 for p in files):

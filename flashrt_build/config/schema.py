@@ -59,15 +59,29 @@ class InputConfig:
 
 
 @dataclass
+class MethodConfig:
+    """One entry point of a package with several (`module.methods.NAME`)."""
+
+    # The module method it calls; null: the method named like the entry point.
+    method: str | None = None
+    inputs: dict[str, InputConfig] = MISSING
+    # Constant keyword arguments baked into this entry point's graph.
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ModuleConfig:
     """The module to build: what to instantiate and how to call it."""
 
     name: str = MISSING
     # The node given to hydra.utils.instantiate: `_target_` plus its arguments.
     model: Any = MISSING
-    inputs: dict[str, InputConfig] = MISSING
+    # The inputs of its forward. A module with several entry points lists
+    # `methods` instead: one package, one weight set, each method by name.
+    inputs: dict[str, InputConfig] = field(default_factory=dict)
     # Constant keyword arguments baked into the graph (use_cache: false).
     kwargs: dict[str, Any] = field(default_factory=dict)
+    methods: dict[str, MethodConfig] = field(default_factory=dict)
     # A safetensors file or torch state dict, loaded strictly before export.
     checkpoint: str | None = None
 

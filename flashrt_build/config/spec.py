@@ -77,6 +77,27 @@ class InputSpec:
         }
 
 
+# The package model a module without `methods` compiles to (AOTInductor's default name).
+SINGLE_MODEL = "model"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One entry point of the package: a module method and its inputs."""
+
+    name: str  # how users call it: m(...) for forward, m.NAME(...) otherwise
+    attr: str  # the module method it calls
+    inputs: tuple[InputSpec, ...]
+    kwargs: Mapping[str, Any]
+    model: str  # its model inside the .pt2
+    key: str  # its config key, for messages: `module` or `module.methods.NAME`
+
+    @property
+    def label(self) -> str:
+        """How logs and errors name it: the method, unless it is a lone forward."""
+        return "" if self.model == SINGLE_MODEL else self.name
+
+
 @dataclass(frozen=True)
 class BuildSpec:
     """Everything one build needs, resolved and checked."""
@@ -84,8 +105,7 @@ class BuildSpec:
     name: str
     model: Mapping[str, Any]
     target: str  # the `_target_` dotted path
-    inputs: tuple[InputSpec, ...]
-    kwargs: Mapping[str, Any]
+    methods: tuple[MethodSpec, ...]  # one (forward) unless the config lists `methods`
     checkpoint: Path | None
     device: str
     dtype: str
@@ -105,6 +125,23 @@ class BuildSpec:
     force: bool
     threads: int | None
     config: Mapping[str, Any]  # the resolved config, JSON-ready
+
+    @property
+    def default_method(self) -> MethodSpec:
+        """What `m(...)` calls: the method that runs the module's forward, else the first."""
+        return next((m for m in self.methods if m.attr == "forward"), self.methods[0])
+
+    @property
+    def inputs(self) -> tuple[InputSpec, ...]:
+        return self.default_method.inputs
+
+    @property
+    def kwargs(self) -> Mapping[str, Any]:
+        return self.default_method.kwargs
+
+    @property
+    def multi_method(self) -> bool:
+        return self.methods[0].model != SINGLE_MODEL
 
 
 # What a release build may instantiate without the user widening allowed_targets.
@@ -212,14 +249,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     for key, value in find_targets(model, "module.model"):
         if allowed and not any(fnmatch.fnmatchcase(str(value), pattern) for pattern in allowed):
             problems.append(ConfigError(key, value, f"not allowed; allowed_targets: {allowed}"))
-    if not module["inputs"]:
-        problems.append(ConfigError("module.inputs", {}, "expected at least one input"))
-    inputs = tuple(
-        spec
-        for spec in (check(_resolve_input, in_name, raw) for in_name, raw in module["inputs"].items())
-        if spec is not None
-    )
-    check(_check_shared_dims, inputs)
+    methods = _resolve_methods(module, check)
 
     device = config["target"]["device"]
     if not _DEVICE.match(device):
@@ -270,14 +300,16 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
 
     raise_all(problems)
     # Float inputs follow the target dtype, so the manifest says what the package takes.
-    inputs = tuple(replace(i, dtype=dtype) if i.dtype in FLOAT_DTYPES else i for i in inputs)
+    methods = tuple(
+        replace(m, inputs=tuple(replace(i, dtype=dtype) if i.dtype in FLOAT_DTYPES else i for i in m.inputs))
+        for m in methods
+    )
 
     return BuildSpec(
         name=name,
         model=model,
         target=target,
-        inputs=inputs,
-        kwargs=dict(module.get("kwargs") or {}),
+        methods=methods,
         checkpoint=checkpoint_path,
         device=device,
         dtype=dtype,
@@ -300,8 +332,76 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     )
 
 
-def _resolve_input(name: str, raw: Mapping[str, Any]) -> InputSpec:
-    key = f"module.inputs.{name}"
+# LoadedModule's own attributes and the nn.Module methods a user calls: a
+# package method of one of these names would be shadowed by it.
+RESERVED_METHODS = frozenset(
+    [
+        "state",
+        "manifest",
+        "host",
+        "output_dir",
+        "bound_weights",
+        "methods",
+        "constant_fqns",
+        "to",
+        "cpu",
+        "cuda",
+        "eval",
+        "train",
+        "apply",
+        "parameters",
+        "buffers",
+        "modules",
+        "children",
+        "state_dict",
+        "load_state_dict",
+        "half",
+        "float",
+        "double",
+        "type",
+    ]
+)
+
+
+def _resolve_methods(module: Mapping[str, Any], check: Any) -> list[MethodSpec]:
+    """The package's entry points: `module.methods`, or the forward of `module.inputs`."""
+    declared = module.get("methods") or {}
+    if not declared:
+        if not module["inputs"]:
+            check(_fail, "module.inputs", {}, "expected at least one input (or module.methods, one entry per method)")
+        entries = [("forward", "forward", module["inputs"], module.get("kwargs") or {}, SINGLE_MODEL, "module")]
+    else:
+        for key in ("inputs", "kwargs"):
+            if module.get(key):
+                check(_fail, f"module.{key}", module[key], f"with module.methods, give each method's {key} there")
+        entries = [
+            (name, raw.get("method") or name, raw["inputs"], raw.get("kwargs") or {}, name, f"module.methods.{name}")
+            for name, raw in declared.items()
+        ]
+    methods = []
+    for name, attr, raw_inputs, kwargs, model, key in entries:
+        if not name.isidentifier() or name.startswith("_") or name in RESERVED_METHODS:
+            check(_fail, key, name, "a method name must be a public Python identifier, not a LoadedModule attribute")
+        if not isinstance(attr, str) or not attr.isidentifier():
+            check(_fail, f"{key}.method", attr, "expected the name of a method of the module")
+        if declared and not raw_inputs:
+            check(_fail, f"{key}.inputs", {}, "expected at least one input")
+        inputs = tuple(
+            spec
+            for spec in (check(_resolve_input, in_name, raw, key) for in_name, raw in raw_inputs.items())
+            if spec is not None
+        )
+        check(_check_shared_dims, inputs, key)
+        methods.append(MethodSpec(name, attr, inputs, dict(kwargs), model, key))
+    return methods
+
+
+def _fail(key: str, value: object, expected: str) -> None:
+    raise ConfigError(key, value, expected)
+
+
+def _resolve_input(name: str, raw: Mapping[str, Any], method_key: str = "module") -> InputSpec:
+    key = f"{method_key}.inputs.{name}"
     if not _NAME.match(name) or "." in name:
         raise ConfigError(key, name, "an input name must be a Python identifier")
     shape = tuple(raw["shape"])
@@ -330,12 +430,12 @@ def _resolve_input(name: str, raw: Mapping[str, Any]) -> InputSpec:
     return InputSpec(name, shape, dtype, dynamic, low, high, bool(raw.get("positional")))
 
 
-def _check_shared_dims(inputs: tuple[InputSpec, ...]) -> None:
+def _check_shared_dims(inputs: tuple[InputSpec, ...], method_key: str = "module") -> None:
     """Axes that share a dim name must agree on its range and example size."""
     seen: dict[str, tuple[DimSpec, int, str]] = {}
     for spec in inputs:
         for axis, dim in spec.dynamic.items():
-            where = f"module.inputs.{spec.name}.dynamic.{axis}"
+            where = f"{method_key}.inputs.{spec.name}.dynamic.{axis}"
             if dim.name in seen:
                 first, size, first_where = seen[dim.name]
                 if (first.min, first.max, size) != (dim.min, dim.max, spec.shape[axis]):

@@ -17,70 +17,47 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..config.spec import tf32_policy
+from ..config.spec import SINGLE_MODEL, tf32_policy
 from ..errors import ArtifactError, WeightsMismatch
 from .checkpoint import compare, dtype_name, read_checkpoint
 from .gpu import check_gpu_arch, fp32_precision, gpu_of
-from .manifest import STATE_KWARG, file_sha256, read_manifest
+from .manifest import STATE_KWARG, file_sha256, manifest_methods, method_bindings, read_manifest
 
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
 
-class LoadedModule(torch.nn.Module):
-    """A compiled package behind the `nn.Module` call interface.
+class PackageMethod:
+    """One entry point of a loaded package: its model, input checks and call.
 
-    Inputs may be passed by position or by name, like the eager module;
+    Inputs may be passed by position or by name, like the eager method;
     constant keyword arguments fixed at build time (`use_cache`) are filled in,
-    and passing a different value is an error, not a silent no-op. Attributes
-    the package lacks are looked up on the host module, when one was given.
+    and passing a different value is an error, not a silent no-op. Buffers the
+    method mutates are the package's shared `state`: written back after every
+    call, so what one method writes the next one reads.
     """
 
     def __init__(
         self,
+        name: str,
         runner: Any,
-        manifest: dict[str, Any],
-        output_dir: Path,
-        weights: Mapping[str, torch.Tensor] | None = None,
-        host: torch.nn.Module | None = None,
-        device: torch.device | None = None,
-        state: Mapping[str, torch.Tensor] | None = None,
+        entry: Mapping[str, Any],
+        device: torch.device,
+        tf32: bool | None,
+        state: dict[str, torch.Tensor],
     ) -> None:
-        super().__init__()
-        self._runner = runner
-        self.manifest = manifest
-        self.output_dir = output_dir
-        # Plain attributes, not registered: the host stays the caller's module
-        # and the bound tensors stay alive as long as the package does.
-        object.__setattr__(self, "_host", host)
-        object.__setattr__(self, "bound_weights", dict(weights or {}))
-        # Buffers the module mutates: passed in and written back on every call.
-        object.__setattr__(self, "state", dict(state or {}))
-        self._constant_kwargs = dict(manifest["config"]["module"].get("kwargs") or {})
-        self._device = torch.device(device if device is not None else manifest["target"]["device"])
-        # Only a float32 CUDA package sets torch's precision flags around its calls.
-        self._tf32 = tf32_policy(str(self._device), manifest["target"]["dtype"], manifest["target"].get("tf32"))
-        inputs = manifest["inputs"]
-        self._positional = [i["name"] for i in inputs if i["positional"]]
-        self._keyword = [i["name"] for i in inputs if not i["positional"]]
+        self.name, self.runner = name, runner
+        self._constant_kwargs = dict(entry.get("kwargs") or {})
+        self._kwargs_key = "module.kwargs" if entry["model"] == SINGLE_MODEL else f"module.methods.{name}.kwargs"
+        self._positional = [i["name"] for i in entry["inputs"] if i["positional"]]
+        self._keyword = [i["name"] for i in entry["inputs"] if not i["positional"]]
         self._order = self._positional + self._keyword
-        self._check = InputCheck(inputs, self._device)
+        self._check = InputCheck(entry["inputs"], device)
         self._direct = DirectCall.of(runner, self._positional, set(self._keyword), set(self._constant_kwargs))
+        self._tf32 = tf32
+        self._shared_state = state
+        self._state_names = list(entry.get("state") or [])
 
-    @property
-    def host(self) -> torch.nn.Module | None:
-        """The eager module this package stands in for, if one was given."""
-        return self.__dict__["_host"]
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            host = self.__dict__.get("_host")
-            if host is None:
-                raise
-            return getattr(host, name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) > len(self._order):
             order = self._order
             raise TypeError(f"the package takes {len(order)} inputs ({', '.join(order)}), got {len(args)} positional")
@@ -101,7 +78,7 @@ class LoadedModule(torch.nn.Module):
                 if value != self._constant_kwargs[key]:
                     raise ValueError(
                         f"{key}={value!r} differs from the value the package was built with "
-                        f"({self._constant_kwargs[key]!r}, module.kwargs.{key})"
+                        f"({self._constant_kwargs[key]!r}, {self._kwargs_key}.{key})"
                     )
                 continue
             if key in bound or key not in self._order:
@@ -110,21 +87,85 @@ class LoadedModule(torch.nn.Module):
             bound[key] = value
 
     def _run(self, bound: dict[str, torch.Tensor]) -> Any:
+        state = {name: self._shared_state[name] for name in self._state_names}
         if self._direct is not None:
-            out = self._direct(bound, self.state)
+            out = self._direct(bound, state)
         else:  # the runner's own call, which flattens the inputs itself
             args = [bound[n] for n in self._positional]
             kwargs = {**{n: bound[n] for n in self._keyword}, **self._constant_kwargs}
-            out = self._runner(*args, **kwargs, **({STATE_KWARG: self.state} if self.state else {}))
-        if not self.state:
+            out = self.runner(*args, **kwargs, **({STATE_KWARG: state} if state else {}))
+        if not state:
             return out
         out, new_state = out
-        for name, tensor in self.state.items():
+        for name, tensor in state.items():
             tensor.copy_(new_state[name])
         return out
 
-    def constant_fqns(self) -> list[str]:
-        return list(self._runner.get_constant_fqns())
+
+class LoadedModule(torch.nn.Module):
+    """A compiled package behind the `nn.Module` call interface: `m(...)` runs
+    the method that stands for the module's forward, `m.NAME(...)` (or
+    `m.methods[NAME](...)`) any method of a package with several. Attributes
+    the package lacks are looked up on the host module, when one was given.
+    """
+
+    def __init__(
+        self,
+        runner: Any,
+        manifest: dict[str, Any],
+        output_dir: Path,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        host: torch.nn.Module | None = None,
+        device: torch.device | None = None,
+        state: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """`runner`: the loaded model of each method, by model name (or the
+        one model of a single-method package)."""
+        super().__init__()
+        self.manifest = manifest
+        self.output_dir = output_dir
+        # Plain attributes, not registered: the host stays the caller's module
+        # and the bound tensors stay alive as long as the package does.
+        object.__setattr__(self, "_host", host)
+        object.__setattr__(self, "bound_weights", dict(weights or {}))
+        # Buffers the module mutates: passed in and written back on every call.
+        object.__setattr__(self, "state", dict(state or {}))
+        self._device = torch.device(device if device is not None else manifest["target"]["device"])
+        # Only a float32 CUDA package sets torch's precision flags around its calls.
+        tf32 = tf32_policy(str(self._device), manifest["target"]["dtype"], manifest["target"].get("tf32"))
+        entries = manifest_methods(manifest)
+        runners = runner if isinstance(runner, Mapping) else {entry["model"]: runner for entry in entries.values()}
+        methods = {
+            name: PackageMethod(name, runners[entry["model"]], entry, self._device, tf32, self.state)
+            for name, entry in entries.items()
+        }
+        object.__setattr__(self, "methods", methods)
+        # m(...): the method that runs the module's forward, else the first
+        self.default_method = next((n for n, e in entries.items() if e["method"] == "forward"), next(iter(entries)))
+
+    @property
+    def host(self) -> torch.nn.Module | None:
+        """The eager module this package stands in for, if one was given."""
+        return self.__dict__["_host"]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            methods = self.__dict__.get("methods") or {}
+            if name in methods:
+                return methods[name]
+            host = self.__dict__.get("_host")
+            if host is None:
+                raise
+            return getattr(host, name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.methods[self.default_method](*args, **kwargs)
+
+    def constant_fqns(self, method: str | None = None) -> list[str]:
+        """The names a method's model binds (the default method's unless named)."""
+        return list(self.methods[method or self.default_method].runner.get_constant_fqns())
 
 
 class DirectCall:
@@ -271,10 +312,17 @@ def open_package(
 
     state = _state_source(output_dir, manifest, weights if isinstance(weights, Mapping) else None, host, device)
     _import_output_types(manifest["module"]["target"])
-    runner = load_package(package, device.index if device.type == "cuda" and device.index is not None else -1)
-    if bound:
-        runner.load_constants(bound, check_full_update=external, user_managed=True)
-    return LoadedModule(runner, manifest, output_dir, bound, host, device, state)
+    index = device.index if device.type == "cuda" and device.index is not None else -1
+    runners = {}
+    for name, entry in manifest_methods(manifest).items():
+        runner = load_package(package, index, entry["model"])
+        # Each method binds the same tensors by its own names: one copy for all.
+        names = method_bindings(entries, name)
+        own = {fqn: bound[key] for fqn, key in names.items() if key in bound}
+        if own:
+            runner.load_constants(own, check_full_update=external, user_managed=True)
+        runners[entry["model"]] = runner
+    return LoadedModule(runners, manifest, output_dir, bound, host, device, state)
 
 
 def _import_output_types(target: str) -> None:
@@ -328,9 +376,14 @@ def _weights_source(
     return "the package", None
 
 
-def load_package(path: Path, device_index: int = -1) -> Any:
-    """Load a `.pt2` package into this process (torch's AOTICompiledModel)."""
-    return torch._inductor.aoti_load_package(str(path), device_index=device_index)
+def load_package(path: Path, device_index: int = -1, model: str = SINGLE_MODEL) -> Any:
+    """Load one model of a `.pt2` package into this process (torch's AOTICompiledModel)."""
+    if model == SINGLE_MODEL:
+        return torch._inductor.aoti_load_package(str(path), device_index=device_index)
+    # This model only: torch's load_package(path, name) loads every model of the archive to return one.
+    from torch._inductor.package.package import AOTICompiledModel
+
+    return AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), model, False, 1, device_index))
 
 
 def load(

@@ -58,3 +58,32 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         found = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
         raise ArtifactError(f"{path} has schema {found!r}, expected {SCHEMA!r}")
     return manifest
+
+
+def method_bindings(tensors: list[dict[str, Any]], method: str) -> dict[str, str]:
+    """The names a method's model binds, each mapped to its entry in
+    `weights.tensors` (and the sidecar). A package of several methods records
+    per entry which methods bind it, and by which name."""
+    return {
+        (entry["methods"][method] if "methods" in entry else entry["fqn"]): entry["fqn"]
+        for entry in tensors
+        if "methods" not in entry or method in entry["methods"]
+    }
+
+
+def manifest_methods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each entry point of a package, by name: its module method, model in the
+    .pt2, inputs, constant kwargs and threaded state. Manifests written before
+    packages had several describe one forward."""
+    if "methods" in manifest:
+        return manifest["methods"]
+    return {
+        "forward": {
+            "method": "forward",
+            "model": "model",
+            "inputs": manifest["inputs"],
+            "outputs": manifest["outputs"],
+            "kwargs": dict(manifest["config"]["module"].get("kwargs") or {}),
+            "state": [t["fqn"] for t in (manifest.get("state") or {}).get("tensors", [])],
+        }
+    }

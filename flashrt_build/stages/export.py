@@ -22,16 +22,13 @@ from typing import Any
 
 import torch
 
-from ..config.spec import BuildSpec
+from ..config.spec import BuildSpec, MethodSpec
 from ..errors import ExportError, first_lines
 from ..runtime.manifest import STATE_KWARG
 from .inputs import ExampleInputs
 
 log = logging.getLogger(__name__)
 _exporting = False
-
-# The wrapper's attribute holding the user's module: package FQNs start with it.
-WRAPPED = "module"
 
 
 def is_exporting() -> bool:
@@ -56,88 +53,109 @@ def _exporting_flag() -> Iterator[None]:
         shapes_log.setLevel(level)
 
 
-class ThreadedState(torch.nn.Module):
-    """Runs `module` with the given buffers in place of its own and returns
-    their new values: state in, state out, nothing mutated inside the graph."""
+@contextlib.contextmanager
+def calling(
+    module: torch.nn.Module,
+    method: MethodSpec,
+    state: list[str] | None = None,
+    keyword: list[str] | None = None,
+) -> Iterator[None]:
+    """While inside, `module.forward` is the method to export: torch.export
+    traces forward, and this way the weights keep their own names (no wrapper
+    module to prefix them). With `state`, the buffers the method mutates come
+    in as the keyword argument `flashrt_state` and go out as a second output:
+    state in, state out, nothing mutated inside the graph."""
+    original = getattr(module, method.attr)
+    if not state and method.attr == "forward":
+        yield
+        return
+    entry = original
+    if state:
+        inside = False
 
-    def __init__(self, module: torch.nn.Module, names: list[str]) -> None:
-        super().__init__()
-        setattr(self, WRAPPED, module)
-        self.names = names
+        def entry(*args: Any, **kwargs: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+            nonlocal inside
+            if inside:  # functional_call's own call of the module: the method itself
+                return original(*args, **kwargs)
+            buffers = {name: tensor.clone() for name, tensor in kwargs.pop(STATE_KWARG).items()}
+            inside = True
+            try:
+                out = torch.func.functional_call(module, buffers, args, kwargs, strict=False)
+            finally:
+                inside = False
+            return out, {name: buffers[name] for name in state}
 
-    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-        state = {name: tensor.clone() for name, tensor in kwargs.pop(STATE_KWARG).items()}
-        out = torch.func.functional_call(getattr(self, WRAPPED), state, args, kwargs, strict=False)
-        return out, {name: state[name] for name in self.names}
-
-
-def threaded(module: torch.nn.Module, names: list[str], positional: list[str], keyword: list[str]) -> ThreadedState:
-    """A ThreadedState whose forward has the module's input names as its
-    signature, which torch.export needs to match dynamic shapes to inputs."""
-
-    def forward(self: ThreadedState, *args: Any, **kwargs: Any) -> Any:
-        return ThreadedState.forward(self, *args, **kwargs)
-
-    P = inspect.Parameter
-    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [P("self", P.POSITIONAL_OR_KEYWORD)]
-        + [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
-        + [P(n, P.KEYWORD_ONLY) for n in [*keyword, STATE_KWARG]]
-    )
-    cls = type("ThreadedState", (ThreadedState,), {"forward": forward})
-    return cls(module, names)
+        # torch.export matches inputs and dynamic shapes through the signature.
+        P = inspect.Parameter
+        entry.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [P(i.name, P.POSITIONAL_OR_KEYWORD) for i in method.inputs if i.positional]
+            + [P(name, P.KEYWORD_ONLY) for name in [*(keyword or []), STATE_KWARG]]
+        )
+    own = module.__dict__.get("forward")
+    module.forward = entry
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 @dataclass
 class Exported:
-    """The exported program and, for a stateful module, its threaded buffers."""
+    """One method's exported program and, for a stateful one, its threaded buffers."""
 
+    method: MethodSpec
     program: torch.export.ExportedProgram
     state: list[str] = field(default_factory=list)
 
-    @property
-    def prefix(self) -> str:
-        """What the package's FQNs start with, relative to the user's module."""
-        return f"{WRAPPED}." if self.state else ""
 
-
-def export_module(module: torch.nn.Module, spec: BuildSpec, example: ExampleInputs, dynamic_shapes: object) -> Exported:
-    """`torch.export.export` with the spec's dynamic shapes, errors made plain."""
+def export_module(
+    module: torch.nn.Module,
+    spec: BuildSpec,
+    example: ExampleInputs,
+    dynamic_shapes: object,
+    method: MethodSpec | None = None,
+) -> Exported:
+    """`torch.export.export` of one method (the default one unless given) with
+    its dynamic shapes, errors made plain and naming the method."""
+    method = method or spec.default_method
     try:
-        program = _export(module, spec, example.args, example.kwargs, dynamic_shapes)
+        with calling(module, method):
+            program = _export(module, spec, method, example.args, example.kwargs, dynamic_shapes)
     except ExportError:
-        _check_eager_forward(module, spec, example)
+        _check_eager_call(module, spec, method, example)
         raise
     mutated = mutated_buffers(program, spec)
     if not mutated:
-        return Exported(program)
-    log.info("threading mutated buffers through the package as explicit state: %s", ", ".join(mutated))
-    state = {name: module.get_buffer(name) for name in mutated}
-    kwargs = {**example.kwargs, STATE_KWARG: state}
-    positional = [i.name for i in spec.inputs if i.positional]
-    wrapper = threaded(module, mutated, positional, list(example.kwargs))
-    # torch.export maps dynamic shapes through the wrapper's named signature.
+        return Exported(method, program)
+    where = f"{method.name}: " if method.label else ""
+    log.info("%sthreading mutated buffers through the package as explicit state: %s", where, ", ".join(mutated))
+    kwargs = {**example.kwargs, STATE_KWARG: {name: module.get_buffer(name) for name in mutated}}
+    positional = [i.name for i in method.inputs if i.positional]
     combined = dict(zip(positional, example.args, strict=True)) | example.kwargs
     shapes = {name: _shape_of(dynamic_shapes, value) for name, value in combined.items()}
     shapes[STATE_KWARG] = dict.fromkeys(mutated)
-    program = _export(wrapper, spec, example.args, kwargs, shapes)
+    with calling(module, method, mutated, list(example.kwargs)):
+        program = _export(module, spec, method, example.args, kwargs, shapes)
     left = mutated_buffers(program, spec)
     if left:
         raise ExportError(f"{spec.target} still mutates buffers {left} after threading them as state")
-    return Exported(program, mutated)
+    return Exported(method, program, mutated)
 
 
-def _check_eager_forward(module: torch.nn.Module, spec: BuildSpec, example: ExampleInputs) -> None:
-    """When export fails, say so plainly if the forward fails without export too."""
+def _check_eager_call(module: torch.nn.Module, spec: BuildSpec, method: MethodSpec, example: ExampleInputs) -> None:
+    """When export fails, say so plainly if the method fails without export too."""
     try:
         with torch.no_grad():
-            module(*example.args, **example.kwargs)
+            getattr(module, method.attr)(*example.args, **example.kwargs)
     except Exception as exc:
         shapes = {k: list(v.shape) for k, v in example.kwargs.items() if isinstance(v, torch.Tensor)}
         shapes |= {f"arg{i}": list(a.shape) for i, a in enumerate(example.args)}
         raise ExportError(
-            f"the forward of {spec.target} raises {type(exc).__name__} on the example inputs {shapes}, "
-            f"without torch.export: {first_lines(exc)} (check module.inputs)"
+            f"the {method.attr} of {spec.target} raises {type(exc).__name__} on the example inputs {shapes}, "
+            f"without torch.export: {first_lines(exc)} (check {method.key}.inputs)"
         ) from exc
 
 
@@ -156,7 +174,12 @@ def mutated_buffers(program: torch.export.ExportedProgram, spec: BuildSpec) -> l
 
 
 def _export(
-    module: torch.nn.Module, spec: BuildSpec, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: object
+    module: torch.nn.Module,
+    spec: BuildSpec,
+    method: MethodSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic_shapes: object,
 ) -> torch.export.ExportedProgram:
     # A failed export prints its partial graph to stderr; keep it at debug
     # level instead of burying the one-line error under it.
@@ -167,8 +190,9 @@ def _export(
     except Exception as exc:
         log.debug("torch.export printed:\n%s", printed.getvalue())
         where = _user_frame(printed.getvalue())
+        what = f"{spec.target} method {method.name}" if method.label else spec.target
         raise ExportError(
-            f"torch.export could not capture {spec.target} as one graph"
+            f"torch.export could not capture {what} as one graph"
             f"{f' at {where}' if where else ''} ({type(exc).__name__}): {first_lines(exc, 4)}"
         ) from exc
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.export import Dim, ShapesCollection
 
-from ..config.spec import FLOAT_DTYPES, BuildSpec, InputSpec
+from ..config.spec import FLOAT_DTYPES, BuildSpec, InputSpec, MethodSpec
 
 
 @dataclass
@@ -38,12 +38,19 @@ def make_tensor(spec: InputSpec, shape: Sequence[int], generator: torch.Generato
     return torch.randint(low, high, tuple(shape), generator=generator, dtype=torch_dtype(spec.dtype))
 
 
-def make_inputs(spec: BuildSpec, seed: int | None = None, sizes: Mapping[str, int] | None = None) -> ExampleInputs:
-    """Example inputs for `spec`; `sizes` overrides dynamic dims by dim name."""
+def make_inputs(
+    spec: BuildSpec,
+    seed: int | None = None,
+    sizes: Mapping[str, int] | None = None,
+    method: MethodSpec | None = None,
+) -> ExampleInputs:
+    """Example inputs for a method of `spec` (its default one unless given);
+    `sizes` overrides dynamic dims by dim name."""
+    method = method or spec.default_method
     generator = torch.Generator().manual_seed(spec.seed if seed is None else seed)
     args: list[torch.Tensor] = []
     kwargs: dict[str, Any] = {}
-    for inp in spec.inputs:
+    for inp in method.inputs:
         shape = list(inp.shape)
         for axis, dim in inp.dynamic.items():
             if sizes and dim.name in sizes:
@@ -53,16 +60,17 @@ def make_inputs(spec: BuildSpec, seed: int | None = None, sizes: Mapping[str, in
             args.append(tensor)
         else:
             kwargs[inp.name] = tensor
-    kwargs.update(spec.kwargs)
+    kwargs.update(method.kwargs)
     return ExampleInputs(tuple(args), kwargs)
 
 
-def dynamic_shapes(spec: BuildSpec, example: ExampleInputs) -> ShapesCollection:
+def dynamic_shapes(spec: BuildSpec, example: ExampleInputs, method: MethodSpec | None = None) -> ShapesCollection:
     """Map each example tensor to its dynamic axes; axes sharing a name share a Dim."""
-    dims = {d.name: Dim(_identifier(d.name), min=d.min, max=d.max) for inp in spec.inputs for d in inp.dynamic.values()}
+    inputs = (method or spec.default_method).inputs
+    dims = {d.name: Dim(_identifier(d.name), min=d.min, max=d.max) for inp in inputs for d in inp.dynamic.values()}
     shapes = ShapesCollection()
     tensors = iter(example.args)
-    for inp in spec.inputs:
+    for inp in inputs:
         tensor = next(tensors) if inp.positional else example.kwargs[inp.name]
         if inp.dynamic:
             shapes[tensor] = {axis: dims[d.name] for axis, d in inp.dynamic.items()}

@@ -41,6 +41,9 @@ def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
         ) from exc
     if not isinstance(module, torch.nn.Module):
         raise ConfigError("module.model._target_", spec.target, f"expected an nn.Module, got {type(module).__name__}")
+    for method in spec.methods:
+        if not callable(getattr(module, method.attr, None)):
+            raise ConfigError(f"{method.key}.method", method.attr, f"{type(module).__name__} has no such method")
     if spec.checkpoint is not None:
         load_checkpoint(module, spec.checkpoint)
     module.eval()

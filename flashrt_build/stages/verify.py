@@ -26,8 +26,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..config.spec import BuildSpec
+from ..config.spec import BuildSpec, MethodSpec
 from ..errors import LoaderCrash, VerifyError
+from ..runtime.manifest import method_bindings
 from .inputs import make_inputs
 
 log = logging.getLogger(__name__)
@@ -110,23 +111,34 @@ class Call:
     label: str
     sizes: dict[str, int]
     inputs: dict[str, torch.Tensor]  # by input name
+    method: MethodSpec
 
 
 def plan_calls(spec: BuildSpec, repeat: int) -> list[Call]:
-    """The example, each dim at min / an odd size between / max, then a repeat chain."""
-    probes: list[dict[str, int]] = [{}]
-    dims = {d.name: d for inp in spec.inputs for d in inp.dynamic.values()}
-    for dim in dims.values():
-        for size in (dim.min, _odd_between(dim.min, dim.max), dim.max):
-            if size is not None and {dim.name: size} not in probes:
-                probes.append({dim.name: size})
-    calls = [Call(_label(sizes), sizes, {}) for sizes in probes]
-    calls += [Call(f"repeat {i + 1}", {}, {}) for i in range(repeat)]
+    """For each method: the example, each dim at min / an odd size between /
+    max. Then a chain: a lone forward `repeat` more times; several methods
+    each once in the order listed, then the last one `repeat` more times, the
+    way a user calls them (prefill, then decode steps)."""
+    calls = []
+    for method in spec.methods:
+        probes: list[dict[str, int]] = [{}]
+        dims = {d.name: d for inp in method.inputs for d in inp.dynamic.values()}
+        for dim in dims.values():
+            for size in (dim.min, _odd_between(dim.min, dim.max), dim.max):
+                if size is not None and {dim.name: size} not in probes:
+                    probes.append({dim.name: size})
+        prefix = f"{method.name}: " if method.label else ""
+        calls += [Call(prefix + _label(sizes), sizes, {}, method) for sizes in probes]
+    if spec.multi_method:
+        chain = [*spec.methods, *[spec.methods[-1]] * repeat]
+        calls += [Call(f"chain {i + 1}: {m.name}", {}, {}, m) for i, m in enumerate(chain)]
+    else:
+        calls += [Call(f"repeat {i + 1}", {}, {}, spec.default_method) for i in range(repeat)]
     for i, call in enumerate(calls):
-        example = make_inputs(spec, seed=spec.seed + 1 + i, sizes=call.sizes)
+        example = make_inputs(spec, seed=spec.seed + 1 + i, sizes=call.sizes, method=call.method)
         positional = iter(example.args)
         call.inputs = {
-            inp.name: next(positional) if inp.positional else example.kwargs[inp.name] for inp in spec.inputs
+            inp.name: next(positional) if inp.positional else example.kwargs[inp.name] for inp in call.method.inputs
         }
     return calls
 
@@ -146,9 +158,10 @@ def run_eager(module: torch.nn.Module, spec: BuildSpec, calls: list[Call], state
     outputs = []
     with torch.no_grad():
         for call in calls:
-            args = [call.inputs[i.name] for i in spec.inputs if i.positional]
-            kwargs = {i.name: call.inputs[i.name] for i in spec.inputs if not i.positional}
-            out = module(*args, **kwargs, **spec.kwargs)
+            method = call.method
+            args = [call.inputs[i.name] for i in method.inputs if i.positional]
+            kwargs = {i.name: call.inputs[i.name] for i in method.inputs if not i.positional}
+            out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)
             outputs.append(
                 pytree.tree_map(lambda t: t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t, out)
             )
@@ -161,7 +174,7 @@ def run_package(
     """Run the sequence on the package in a fresh process; its outputs, or the
     reason it failed (a crash is told apart from an error)."""
     (work / "manifest.json").write_text(json.dumps(manifest))
-    torch.save([{"label": c.label, "inputs": c.inputs} for c in calls], work / "calls.pt")
+    torch.save([{"label": c.label, "inputs": c.inputs, "method": c.method.name} for c in calls], work / "calls.pt")
     result_path = work / "result.pt"
     command = [sys.executable, "-m", "flashrt_build.stages.verify_worker", str(staging), str(work)]
     # The worker imports what this process can: the user's modules included.
@@ -205,9 +218,10 @@ def verify(
     calls = plan_calls(spec, repeat)
     with tempfile.TemporaryDirectory(prefix="flashrt-verify-") as work:  # never inside the artifact
         result = run_package(staging, manifest, calls, timeout, Path(work))
-    expected = sorted(t["fqn"] for t in manifest["weights"]["tensors"])
-    if sorted(result["fqns"]) != expected:
-        raise VerifyError(f"the package binds {sorted(result['fqns'])}, the manifest lists {expected}")
+    for method, fqns in result["fqns"].items():
+        expected = sorted(method_bindings(manifest["weights"]["tensors"], method))
+        if sorted(fqns) != expected:
+            raise VerifyError(f"the package's {method} binds {sorted(fqns)}, the manifest lists {expected}")
     references, ref_state = run_eager(module, spec, calls, state)
     probes = []
     for call, ref, out in zip(calls, references, result["outputs"], strict=True):

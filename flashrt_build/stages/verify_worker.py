@@ -27,17 +27,18 @@ def main(staging: Path, work: Path) -> None:
     model = open_package(staging, manifest)
     outputs = []
     with torch.no_grad():
-        for call in calls:
-            leaves, spec = pytree.tree_flatten(model(**call["inputs"]))
+        for call in calls:  # each by its method, as users call them: state carries over
+            leaves, spec = pytree.tree_flatten(model.methods[call["method"]](**call["inputs"]))
             cpu = [leaf.detach().cpu().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             outputs.append({"leaves": cpu, "spec": str(spec)})
     result = {
-        "fqns": model.constant_fqns(),
+        "fqns": {name: model.constant_fqns(name) for name in model.methods},
         "outputs": outputs,
         "state": {name: t.detach().cpu().clone() for name, t in model.state.items()},
     }
     if manifest["config"]["verify"]["bench"]:
-        result["bench"] = bench(manifest, model, calls[0]["inputs"])
+        default = next(c for c in calls if c["method"] == model.default_method)
+        result["bench"] = bench(manifest, model, default["inputs"])
     torch.save(result, work / "result.pt")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ class WeightTensor:
     source: str  # the name in the exported program
     persistent: bool = True  # false for buffers left out of state_dict()
     aliases: list[str] = field(default_factory=list)
+    # A package of several methods: the name each method's model binds it by.
+    methods: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         entry = {
@@ -42,6 +44,8 @@ class WeightTensor:
             entry["persistent"] = False
         if self.aliases:
             entry["aliases"] = self.aliases
+        if self.methods:
+            entry["methods"] = self.methods
         return entry
 
 
@@ -89,7 +93,6 @@ def match_package_tensors(
     program: torch.export.ExportedProgram,
     package_fqns: Iterable[str],
     target: str,
-    prefix: str = "",
     state: Iterable[str] = (),
 ) -> tuple[list[WeightTensor], list[InlinedTensor], list[str]]:
     """Pair each name the package binds with its tensor in the exported program;
@@ -97,12 +100,10 @@ def match_package_tensors(
     tensors the graph never reads (neither bound nor needed)."""
     package_fqns = list(package_fqns)
     # Threaded state buffers are inputs of the package, not constants it binds.
-    threaded = {prefix + name for name in state}
+    threaded = set(state)
     tensors = [t for t in program_tensors(program) if t[0] not in threaded]
     by_name = {name: (kind, t) for name, kind, t in tensors}
-    matched = {
-        fqn: WeightTensor(fqn, *by_name[fqn], source=fqn.removeprefix(prefix)) for fqn in package_fqns if fqn in by_name
-    }
+    matched = {fqn: WeightTensor(fqn, *by_name[fqn], source=fqn) for fqn in package_fqns if fqn in by_name}
 
     # Inductor renames lifted constants `_tensor_constant<i>`, numbered in the
     # order the exported program lists them.
@@ -111,10 +112,10 @@ def match_package_tensors(
         m = _INDUCTOR_CONSTANT.match(fqn)
         if fqn not in matched and m and int(m.group(1)) < len(lifted):
             source = lifted[int(m.group(1))]
-            matched[fqn] = WeightTensor(fqn, "constant", by_name[source][1], source=source.removeprefix(prefix))
+            matched[fqn] = WeightTensor(fqn, "constant", by_name[source][1], source=source)
     for name in program.graph_signature.non_persistent_buffers:
         for w in matched.values():
-            if w.source == name.removeprefix(prefix):
+            if w.source == name:
                 w.persistent = False
     unknown = [fqn for fqn in package_fqns if fqn not in matched]
     if unknown:
@@ -124,7 +125,7 @@ def match_package_tensors(
     # weight) or be a constant of the forward's own code that Inductor folded
     # into the kernels (a one-element literal); a parameter or buffer the
     # package lost is an error.
-    sources = {prefix + w.source for w in matched.values()} | {w.source for w in matched.values()}
+    sources = {w.source for w in matched.values()}
     inlined: list[InlinedTensor] = []
     unused = unused_inputs(program)
     dropped: list[str] = []
@@ -133,17 +134,46 @@ def match_package_tensors(
             continue
         owner = next((w for w in matched.values() if _same_storage(w.tensor, tensor)), None)
         if owner is not None:  # export routes a tied weight's uses through one name
-            owner.aliases.append(name.removeprefix(prefix))
+            owner.aliases.append(name)
         elif name in unused and kind != "constant":  # never read: BatchNorm's num_batches_tracked in eval
-            dropped.append(name.removeprefix(prefix))
+            dropped.append(name)
         elif kind == "constant":
-            inlined.append(InlinedTensor(name.removeprefix(prefix), tensor))
+            inlined.append(InlinedTensor(name, tensor))
         else:
             raise CompileError(
                 f"the package of {target} does not bind {kind} '{name}' {list(tensor.shape)}: Inductor "
                 "inlined or dropped it, so it could not be listed or replaced"
             )
     return [matched[fqn] for fqn in sorted(matched)], inlined, sorted(dropped)
+
+
+def union_of_methods(
+    bound: Mapping[str, tuple[list[WeightTensor], list[InlinedTensor], list[str]]],
+) -> tuple[list[WeightTensor], list[InlinedTensor], list[str]]:
+    """The tensors several methods bind, each once: a tensor two methods read
+    (the same storage) is one entry, recording the name each method binds it
+    by, so the sidecar holds it once and loading binds one copy to both. A
+    name two methods use for different tensors (each graph's own constants)
+    is qualified with the method's name."""
+    union: list[WeightTensor] = []
+    for method, (tensors, _, _) in bound.items():
+        for tensor in tensors:
+            same = next((u for u in union if _same_storage(u.tensor, tensor.tensor)), None)
+            if same is None:
+                taken = any(u.fqn == tensor.fqn for u in union)
+                same = WeightTensor(
+                    f"{method}.{tensor.fqn}" if taken else tensor.fqn,
+                    tensor.kind,
+                    tensor.tensor,
+                    tensor.source,
+                    tensor.persistent,
+                    list(tensor.aliases),
+                )
+                union.append(same)
+            same.methods[method] = tensor.fqn
+    inlined = [c for _, constants, _ in bound.values() for c in constants]
+    never_read = set.intersection(*(set(unused) for _, _, unused in bound.values()))
+    return sorted(union, key=lambda t: t.fqn), inlined, sorted(never_read)
 
 
 def unused_inputs(program: torch.export.ExportedProgram) -> set[str]:

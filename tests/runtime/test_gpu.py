@@ -114,15 +114,16 @@ def test_only_float32_cuda_packages_touch_the_precision_flags(mlp_build: flashrt
         # tf32 False is what bf16 manifests said before: still no policy
         target = {"device": "cuda", "dtype": dtype, "tf32": tf32}
         loaded = flashrt_build.LoadedModule(None, {**manifest, "target": target}, mlp_build.output_dir, device="cuda")
-        assert loaded._tf32 is policy, dtype
+        assert loaded.methods["forward"]._tf32 is policy, dtype
     model = flashrt_build.load(mlp_build.output_dir)
     seen: list[tuple[str, str]] = []
-    direct = model._direct
-    model._direct = lambda inputs, state: (seen.append(flags()), direct(inputs, state))[1]
+    forward = model.methods["forward"]
+    direct = forward._direct
+    forward._direct = lambda inputs, state: (seen.append(flags()), direct(inputs, state))[1]
     x = torch.randn(4, 16)
     with fp32_precision(True):  # the caller's own setting: a package without a policy keeps it
         model(x)
-    model._tf32 = False
+    forward._tf32 = False
     model(x)
     assert seen == [("tf32", "tf32"), ("ieee", "ieee")]
 
