@@ -101,3 +101,9 @@ def stateful_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_bu
     )
     cfg = compose(["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"], config_dir=conf)
     return flashrt_build.build(cfg), conf
+
+
+@pytest.fixture(scope="session")
+def lm_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    """The zoo's decoder LM as one package of two methods (prefill, decode), external weights."""
+    return build_config("+module=tiny_lm", "weights=external", output_dir=tmp_path_factory.mktemp("lm") / "external")

@@ -79,6 +79,19 @@ Manifest read_manifest(const std::filesystem::path& dir) {
                 m.path.string() + " has schema '" + schema + "', expected '" + kSchema + "'");
   }
   m.name = root["name"].as<std::string>();
+  // A package of several methods (module.methods) holds a model per method; this API serves one model.
+  if (doc.contains("methods")) {
+    const json& methods = doc["methods"];
+    const bool one_forward = methods.size() == 1 && methods.begin()->value("model", "") == "model";
+    if (!one_forward) {
+      std::string names;
+      for (const auto& [name, entry] : methods.items()) names += (names.empty() ? "" : ", ") + name;
+      throw Error(Error::Kind::Artifact, m.path.string() + " describes a package of " + std::to_string(methods.size()) +
+                                             " methods (" + names +
+                                             "); flashrt::Package serves single-method packages: load this one "
+                                             "with flashrt_build.load in Python");
+    }
+  }
 
   const Node target = root["target"];
   m.target_device = target["device"].as<std::string>();

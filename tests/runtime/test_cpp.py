@@ -351,3 +351,11 @@ def test_a_stateful_package_threads_its_state_call_after_call(
         torch.testing.assert_close(result[f"call{call}.output"], eager[call])
     torch.testing.assert_close(result["given.steps"], host.steps)
     torch.testing.assert_close(result["given.running_mean"], host.running_mean)
+
+
+def test_a_package_of_several_methods_is_refused_naming_them(
+    cpp_tools: dict[str, Path], lm_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    proc = run(cpp_tools["run"], lm_build.output_dir, "--inputs", tmp_path / "in.safetensors", "--out", tmp_path / "o")
+    assert proc.returncode == 1
+    assert "describes a package of 2 methods (decode, prefill); flashrt::Package serves single-method" in proc.stderr

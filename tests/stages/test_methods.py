@@ -28,11 +28,6 @@ def build(*overrides: str, output_dir: Path) -> flashrt_build.BuildResult:
 
 
 @pytest.fixture(scope="session")
-def lm_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
-    return build("+module=tiny_lm", "weights=external", output_dir=tmp_path_factory.mktemp("lm") / "external")
-
-
-@pytest.fixture(scope="session")
 def t5_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
     return build("+module=t5_tiny", output_dir=tmp_path_factory.mktemp("t5") / "baked")
 
