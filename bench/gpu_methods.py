@@ -16,7 +16,6 @@ methods work off the one copy.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import subprocess
@@ -30,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import RESULTS, publish, table  # noqa: E402
+from report import RESULTS, memory_used, publish, table  # noqa: E402
 
 import flashrt_build  # noqa: E402
 from flashrt_build.config.compose import compose  # noqa: E402
@@ -38,17 +37,6 @@ from flashrt_build.config.spec import resolve_spec  # noqa: E402
 from flashrt_build.stages.module import instantiate_module  # noqa: E402
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def used(device: str) -> int:
-    """Bytes in use on the device by every allocator (AOTInductor's own included); host RSS on the CPU."""
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info()
-        return total - free
-    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1]) * 1024
 
 
 def main() -> None:
@@ -79,11 +67,11 @@ def main() -> None:
         token, position = prompt[:, :1], torch.tensor([length], device=prompt.device)
         for how in ("sidecar", "eager's tensors"):
             host = instantiate_module(resolve_spec(compose(overrides))) if how != "sidecar" else None
-            before = used(args.target)
+            before = memory_used(args.target)
             began = time.perf_counter()
             model = flashrt_build.load(out, host=host)
             seconds = time.perf_counter() - began
-            added = used(args.target) - before
+            added = memory_used(args.target) - before
             with torch.no_grad():
                 model.prefill(prompt)
                 logits = model.decode(token, position)

@@ -26,7 +26,6 @@ AOTInductor API, side by side in one process.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -43,7 +42,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import table  # noqa: E402
+from report import memory_used, table  # noqa: E402
 
 import flashrt_build  # noqa: E402
 from flashrt_build.config.compose import compose  # noqa: E402
@@ -55,17 +54,6 @@ from flashrt_build.stages.module import instantiate_module  # noqa: E402
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def device_used(device: str) -> int:
-    """Bytes in use on the device, by every allocator (AOTInductor's constants bypass torch's)."""
-    if not device.startswith("cuda"):
-        return 0
-    sync(device)
-    gc.collect()
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    return total - free
 
 
 def start_builds(args: argparse.Namespace, root: Path) -> subprocess.Popen:
@@ -111,12 +99,12 @@ def timed_read(device: str, path: Path) -> float:
 
 
 def timed_load(device: str, load: Any) -> tuple[Any, float, int]:
-    before = device_used(device)
+    before = memory_used(device) if device.startswith("cuda") else 0
     start = time.perf_counter()
     runner = load()
     sync(device)
     seconds = time.perf_counter() - start
-    return runner, seconds, device_used(device) - before
+    return runner, seconds, (memory_used(device) - before) if device.startswith("cuda") else 0
 
 
 def time_calls(fn: Any, device: str, iters: int, warmup: int) -> list[float]:

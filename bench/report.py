@@ -38,3 +38,20 @@ def publish(out: Path, title: str, command: str, text: str) -> None:
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# {title}\n\nCommand: `{command}`\n\n{text}")
+
+
+def memory_used(device: str) -> int:
+    """Bytes in use: on a GPU by every allocator (AOTInductor's constants
+    bypass torch's), after freeing torch's cache; on the CPU this process's
+    resident set."""
+    import gc
+
+    gc.collect()
+    if not device.startswith("cuda"):
+        return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1]) * 1024
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return total - free
