@@ -127,7 +127,7 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
         with timer.stage("package"):
             bound = {
                 e.method.name: match_package_tensors(
-                    e.program, package_constant_fqns(package_path, e.method.model), spec.target, e.state
+                    e.program, package_constant_fqns(package_path, e.method.model), spec.target, e.prefix, e.state
                 )
                 for e in exported
             }

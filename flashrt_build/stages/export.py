@@ -53,46 +53,20 @@ def _exporting_flag() -> Iterator[None]:
         shapes_log.setLevel(level)
 
 
+# The wrapper's attribute holding the user's module when its state is threaded:
+# that package's FQNs start with it.
+WRAPPED = "module"
+
+
 @contextlib.contextmanager
-def calling(
-    module: torch.nn.Module,
-    method: MethodSpec,
-    state: list[str] | None = None,
-    keyword: list[str] | None = None,
-) -> Iterator[None]:
+def calling(module: torch.nn.Module, method: MethodSpec) -> Iterator[None]:
     """While inside, `module.forward` is the method to export: torch.export
-    traces forward, and this way the weights keep their own names (no wrapper
-    module to prefix them). With `state`, the buffers the method mutates come
-    in as the keyword argument `flashrt_state` and go out as a second output:
-    state in, state out, nothing mutated inside the graph."""
-    original = getattr(module, method.attr)
-    if not state and method.attr == "forward":
+    traces forward, and this way the weights keep their own names."""
+    if method.attr == "forward":
         yield
         return
-    entry = original
-    if state:
-        inside = False
-
-        def entry(*args: Any, **kwargs: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-            nonlocal inside
-            if inside:  # functional_call's own call of the module: the method itself
-                return original(*args, **kwargs)
-            buffers = {name: tensor.clone() for name, tensor in kwargs.pop(STATE_KWARG).items()}
-            inside = True
-            try:
-                out = torch.func.functional_call(module, buffers, args, kwargs, strict=False)
-            finally:
-                inside = False
-            return out, {name: buffers[name] for name in state}
-
-        # torch.export matches inputs and dynamic shapes through the signature.
-        P = inspect.Parameter
-        entry.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [P(i.name, P.POSITIONAL_OR_KEYWORD) for i in method.inputs if i.positional]
-            + [P(name, P.KEYWORD_ONLY) for name in [*(keyword or []), STATE_KWARG]]
-        )
     own = module.__dict__.get("forward")
-    module.forward = entry
+    module.forward = getattr(module, method.attr)
     try:
         yield
     finally:
@@ -102,6 +76,40 @@ def calling(
             module.forward = own
 
 
+class ThreadedState(torch.nn.Module):
+    """Runs `module` with the given buffers in place of its own and returns
+    their new values: state in, state out, nothing mutated inside the graph.
+    A wrapper, not the module itself: reparametrising the root module that
+    torch.export traces breaks its functionalisation of `self.steps += 1`."""
+
+    def __init__(self, module: torch.nn.Module, names: list[str]) -> None:
+        super().__init__()
+        setattr(self, WRAPPED, module)
+        self.names = names
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+        state = {name: tensor.clone() for name, tensor in kwargs.pop(STATE_KWARG).items()}
+        out = torch.func.functional_call(getattr(self, WRAPPED), state, args, kwargs, strict=False)
+        return out, {name: state[name] for name in self.names}
+
+
+def threaded(module: torch.nn.Module, names: list[str], positional: list[str], keyword: list[str]) -> ThreadedState:
+    """A ThreadedState whose forward has the module's input names as its
+    signature, which torch.export needs to match dynamic shapes to inputs."""
+
+    def forward(self: ThreadedState, *args: Any, **kwargs: Any) -> Any:
+        return ThreadedState.forward(self, *args, **kwargs)
+
+    P = inspect.Parameter
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [P("self", P.POSITIONAL_OR_KEYWORD)]
+        + [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
+        + [P(n, P.KEYWORD_ONLY) for n in [*keyword, STATE_KWARG]]
+    )
+    cls = type("ThreadedState", (ThreadedState,), {"forward": forward})
+    return cls(module, names)
+
+
 @dataclass
 class Exported:
     """One method's exported program and, for a stateful one, its threaded buffers."""
@@ -109,6 +117,11 @@ class Exported:
     method: MethodSpec
     program: torch.export.ExportedProgram
     state: list[str] = field(default_factory=list)
+
+    @property
+    def prefix(self) -> str:
+        """What the package's FQNs start with, relative to the user's module."""
+        return f"{WRAPPED}." if self.state else ""
 
 
 def export_module(
@@ -132,13 +145,16 @@ def export_module(
         return Exported(method, program)
     where = f"{method.name}: " if method.label else ""
     log.info("%sthreading mutated buffers through the package as explicit state: %s", where, ", ".join(mutated))
-    kwargs = {**example.kwargs, STATE_KWARG: {name: module.get_buffer(name) for name in mutated}}
+    state = {name: module.get_buffer(name) for name in mutated}
+    kwargs = {**example.kwargs, STATE_KWARG: state}
     positional = [i.name for i in method.inputs if i.positional]
+    wrapper = threaded(module, mutated, positional, list(example.kwargs))
+    # torch.export maps dynamic shapes through the wrapper's named signature.
     combined = dict(zip(positional, example.args, strict=True)) | example.kwargs
     shapes = {name: _shape_of(dynamic_shapes, value) for name, value in combined.items()}
     shapes[STATE_KWARG] = dict.fromkeys(mutated)
-    with calling(module, method, mutated, list(example.kwargs)):
-        program = _export(module, spec, method, example.args, kwargs, shapes)
+    with calling(module, method):  # the wrapped module's forward is the method
+        program = _export(wrapper, spec, method, example.args, kwargs, shapes)
     left = mutated_buffers(program, spec)
     if left:
         raise ExportError(f"{spec.target} still mutates buffers {left} after threading them as state")

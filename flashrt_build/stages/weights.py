@@ -93,6 +93,7 @@ def match_package_tensors(
     program: torch.export.ExportedProgram,
     package_fqns: Iterable[str],
     target: str,
+    prefix: str = "",
     state: Iterable[str] = (),
 ) -> tuple[list[WeightTensor], list[InlinedTensor], list[str]]:
     """Pair each name the package binds with its tensor in the exported program;
@@ -100,10 +101,12 @@ def match_package_tensors(
     tensors the graph never reads (neither bound nor needed)."""
     package_fqns = list(package_fqns)
     # Threaded state buffers are inputs of the package, not constants it binds.
-    threaded = set(state)
+    threaded = {prefix + name for name in state}
     tensors = [t for t in program_tensors(program) if t[0] not in threaded]
     by_name = {name: (kind, t) for name, kind, t in tensors}
-    matched = {fqn: WeightTensor(fqn, *by_name[fqn], source=fqn) for fqn in package_fqns if fqn in by_name}
+    matched = {
+        fqn: WeightTensor(fqn, *by_name[fqn], source=fqn.removeprefix(prefix)) for fqn in package_fqns if fqn in by_name
+    }
 
     # Inductor renames lifted constants `_tensor_constant<i>`, numbered in the
     # order the exported program lists them.
@@ -112,10 +115,10 @@ def match_package_tensors(
         m = _INDUCTOR_CONSTANT.match(fqn)
         if fqn not in matched and m and int(m.group(1)) < len(lifted):
             source = lifted[int(m.group(1))]
-            matched[fqn] = WeightTensor(fqn, "constant", by_name[source][1], source=source)
+            matched[fqn] = WeightTensor(fqn, "constant", by_name[source][1], source=source.removeprefix(prefix))
     for name in program.graph_signature.non_persistent_buffers:
         for w in matched.values():
-            if w.source == name:
+            if w.source == name.removeprefix(prefix):
                 w.persistent = False
     unknown = [fqn for fqn in package_fqns if fqn not in matched]
     if unknown:
@@ -125,7 +128,7 @@ def match_package_tensors(
     # weight) or be a constant of the forward's own code that Inductor folded
     # into the kernels (a one-element literal); a parameter or buffer the
     # package lost is an error.
-    sources = {w.source for w in matched.values()}
+    sources = {prefix + w.source for w in matched.values()} | {w.source for w in matched.values()}
     inlined: list[InlinedTensor] = []
     unused = unused_inputs(program)
     dropped: list[str] = []
@@ -134,11 +137,11 @@ def match_package_tensors(
             continue
         owner = next((w for w in matched.values() if _same_storage(w.tensor, tensor)), None)
         if owner is not None:  # export routes a tied weight's uses through one name
-            owner.aliases.append(name)
+            owner.aliases.append(name.removeprefix(prefix))
         elif name in unused and kind != "constant":  # never read: BatchNorm's num_batches_tracked in eval
-            dropped.append(name)
+            dropped.append(name.removeprefix(prefix))
         elif kind == "constant":
-            inlined.append(InlinedTensor(name, tensor))
+            inlined.append(InlinedTensor(name.removeprefix(prefix), tensor))
         else:
             raise CompileError(
                 f"the package of {target} does not bind {kind} '{name}' {list(tensor.shape)}: Inductor "
@@ -160,9 +163,10 @@ def union_of_methods(
         for tensor in tensors:
             same = next((u for u in union if _same_storage(u.tensor, tensor.tensor)), None)
             if same is None:
-                taken = any(u.fqn == tensor.fqn for u in union)
+                # keyed by the module's own name: a stateful method's package prefixes its FQNs
+                taken = any(u.fqn == tensor.source for u in union)
                 same = WeightTensor(
-                    f"{method}.{tensor.fqn}" if taken else tensor.fqn,
+                    f"{method}.{tensor.source}" if taken else tensor.source,
                     tensor.kind,
                     tensor.tensor,
                     tensor.source,
