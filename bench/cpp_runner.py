@@ -163,7 +163,7 @@ def bench_package(tool: Path, module: str, weights: str, root: Path, args: argpa
     calls: dict[str, list[float]] = {}
     if args.calls:
         loaded = flashrt_build.load(result.output_dir, device=device)
-        boxed = loaded._runner.loader.boxed_run
+        boxed = loaded.methods[loaded.default_method].runner.loader.boxed_run
         flat = list(tensors.values())
         python = {
             "python flashrt_build.load": lambda: loaded(**tensors),
