@@ -1,12 +1,12 @@
 """Test tiers, in folders that follow the package's (config/, stages/,
 runtime/, cache/, sweep/, commands/; test_layout.py checks its import rules).
 
-    make test                      lint + everything (CI runs this)
+    make test                      lint + everything, a worker per core, each file on one worker (CI runs this)
     .venv/bin/pytest -m "not slow"  unit tests only: pure logic, no compiles (seconds)
     .venv/bin/pytest -m slow        integration: real torch.export + AOTInductor builds
     .venv/bin/pytest tests/config   one folder
 
-Each distinct package is compiled once per session by a session-scoped fixture
+Each distinct package is compiled once per (worker) session by a session-scoped fixture
 below, and many tests assert on it. GPU tests are marked `gpu` and skip
 without CUDA.
 """
