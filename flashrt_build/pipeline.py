@@ -34,6 +34,7 @@ from .runtime.manifest import (
     STATE,
     canonical_sha256,
     config_sha256,
+    file_record,
     file_sha256,
     read_manifest,
     write_manifest,
@@ -135,10 +136,10 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
             weights: dict[str, Any] = {"mode": spec.weights.value, "file": None, "sha256": None}
             if spec.weights is WeightsMode.external:
                 sidecar = write_sidecar(staging / SIDECAR, tensors)
-                weights.update(file=SIDECAR, sha256=file_sha256(sidecar), bytes=sidecar.stat().st_size)
+                weights.update(file=SIDECAR, **file_record(sidecar))
             elif spec.multi_method:
                 weights["copies"] = len(spec.methods)  # each method's model holds its own
-            package = {"file": PACKAGE, "sha256": file_sha256(package_path), "bytes": package_path.stat().st_size}
+            package = {"file": PACKAGE, **file_record(package_path)}
             package["reused"] = all(compiled.values())
             timer.notes["package"] = f"{package['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
             if spec.weights is WeightsMode.external:
@@ -321,7 +322,7 @@ def _write_state(staging: Path, module: torch.nn.Module, names: list[str]) -> di
     save_file(tensors, str(path))
     return {
         "file": STATE,
-        "sha256": file_sha256(path),
+        **file_record(path),
         "tensors": [
             {"fqn": n, "shape": list(t.shape), "dtype": dtype_name(t.dtype), "sha256": tensor_sha256(t)}
             for n, t in tensors.items()

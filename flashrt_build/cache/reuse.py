@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config.spec import BuildSpec, resolve_spec
 from ..errors import ArtifactError
-from ..runtime.manifest import MANIFEST, config_sha256, file_sha256, read_manifest, write_manifest
+from ..runtime.manifest import MANIFEST, altered_digest, config_sha256, read_manifest, write_manifest
 from ..stages.publish import build_lock, publish, staging_dir
 from .key import build_keys, changed_ingredients, key_ingredients
 from .store import Store, link_or_copy
@@ -30,7 +30,7 @@ def check_up_to_date(spec: BuildSpec, keys: dict[str, str], ingredients: dict[st
     for section in (manifest["package"], manifest["weights"], manifest.get("state") or {}):
         if section.get("file"):
             path = spec.output_dir / section["file"]
-            if not path.is_file() or file_sha256(path) != section["sha256"]:
+            if not path.is_file() or altered_digest(path, section):
                 return False, f"{section['file']} is missing or altered"
     if spec.verify and manifest["verification"].get("passed") is not True:
         return False, "the build in place was not verified"

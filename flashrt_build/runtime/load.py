@@ -21,7 +21,7 @@ from ..config.spec import SINGLE_MODEL, tf32_policy
 from ..errors import ArtifactError, WeightsMismatch
 from .checkpoint import compare, dtype_name, read_checkpoint
 from .gpu import check_gpu_arch, fp32_precision, gpu_of
-from .manifest import STATE_KWARG, file_sha256, manifest_methods, method_bindings, read_manifest
+from .manifest import STATE_KWARG, altered_digest, manifest_methods, method_bindings, read_manifest
 
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
@@ -268,8 +268,8 @@ def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
     path = output_dir / section["file"]
     if not path.is_file():
         raise ArtifactError(f"{path} is missing")
-    digest = file_sha256(path)
-    if digest != section["sha256"]:
+    digest = altered_digest(path, section)
+    if digest is not None:
         raise ArtifactError(
             f"{path} ({what}) was altered after its build: sha256 {digest} differs from the manifest's "
             f"{section['sha256']}; refusing to load it"

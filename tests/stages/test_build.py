@@ -79,6 +79,8 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
         "file": "model.pt2",
         "sha256": file_sha256(mlp_build.package),
         "bytes": mlp_build.package.stat().st_size,
+        "chunk_bytes": 32 << 20,
+        "chunk_sha256": [file_sha256(mlp_build.package)],  # a 2 MB package is one chunk
         "reused": False,
     }
     assert m["weights"]["mode"] == "baked" and m["weights"]["file"] is None and m["weights"]["sha256"] is None
