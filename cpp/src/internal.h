@@ -43,7 +43,23 @@ struct StateEntry {
 struct FileRecord {
   std::string file;  // relative to the output directory
   std::string sha256;
+  // Manifests since chunk digests: the file's size and the sha256 of each
+  // chunk_bytes slice, checked on every core (absent in older manifests).
+  std::optional<int64_t> bytes;
+  int64_t chunk_bytes = 0;
+  std::vector<std::string> chunk_sha256;
 };
+
+// --- digests (sha256.cpp) ---
+// The sha256 of each `chunk_bytes` slice of the file's first `size` bytes,
+// the slices shared out over one thread per usable core.
+std::vector<std::string> chunk_digests(const std::filesystem::path& path, int64_t size, int64_t chunk_bytes);
+
+// Empty when `path` holds the bytes `record` describes, else the file's sha256
+// (for the refusal). With chunk digests the chunks are hashed on all cores and
+// the whole file only when they disagree (a hand-edited manifest decides by
+// its whole-file digest, as the Python loader does).
+std::string altered_digest(const std::filesystem::path& path, const FileRecord& record);
 
 struct Manifest {
   std::filesystem::path path;

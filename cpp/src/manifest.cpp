@@ -50,7 +50,18 @@ struct Node {
     return *d;
   }
   std::vector<int64_t> shape() const { return as<std::vector<int64_t>>(); }
-  FileRecord file_record() const { return {(*this)["file"].as<std::string>(), (*this)["sha256"].as<std::string>()}; }
+  FileRecord file_record() const {
+    FileRecord r;
+    r.file = (*this)["file"].as<std::string>();
+    r.sha256 = (*this)["sha256"].as<std::string>();
+    if (has("chunk_sha256") && has("chunk_bytes") && has("bytes")) {
+      r.bytes = (*this)["bytes"].as<int64_t>();
+      r.chunk_bytes = (*this)["chunk_bytes"].as<int64_t>();
+      r.chunk_sha256 = (*this)["chunk_sha256"].as<std::vector<std::string>>();
+      if (r.chunk_bytes <= 0) (*this)["chunk_bytes"].fail("must be positive");
+    }
+    return r;
+  }
 };
 
 }  // namespace

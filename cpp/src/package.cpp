@@ -37,12 +37,13 @@ bool same_device(const c10::Device& a, const c10::Device& b) {
   return a.type() == b.type() && (!a.is_cuda() || a.index() == b.index());
 }
 
-// A file the manifest lists, once its sha256 matches; `what` says which ("the package").
-void check_digest(const std::filesystem::path& path, const std::string& digest, const std::string& expected,
-                  const char* what) {
-  if (digest != expected) {
+// Refuses a file the manifest lists unless its bytes are the build's; `what`
+// says which ("the package").
+void check_digest(const std::filesystem::path& path, const detail::FileRecord& record, const char* what) {
+  const std::string digest = detail::altered_digest(path, record);
+  if (!digest.empty()) {
     throw Error(Error::Kind::Artifact, path.string() + " (" + what + ") was altered after its build: sha256 " + digest +
-                                           " differs from the manifest's " + expected + "; refusing to load it");
+                                           " differs from the manifest's " + record.sha256 + "; refusing to load it");
   }
 }
 
@@ -180,10 +181,9 @@ struct Package::Impl {
       // The digest first, as for the package: nothing of an altered file is parsed.
       const auto path = listed_file(dir, *manifest.weights_file);
       auto start = Clock::now();
-      const std::string digest = file_sha256(path);
+      check_digest(path, *manifest.weights_file, "the weights");
       stats.weights_hash_s += since(start);
       stats.weights_bytes += std::filesystem::file_size(path);
-      check_digest(path, digest, manifest.weights_file->sha256, "the weights");
       start = Clock::now();
       sidecar = std::make_shared<SafetensorsFile>(path);
       stats.weights_read_s += since(start);
@@ -267,7 +267,7 @@ struct Package::Impl {
       }
     } else {
       const auto path = listed_file(dir, *manifest.state_file);
-      check_digest(path, file_sha256(path), manifest.state_file->sha256, "the state");
+      check_digest(path, *manifest.state_file, "the state");
       SafetensorsFile file(path);
       for (const auto& e : manifest.state) {
         if (!file.contains(e.fqn) || file.shape(e.fqn) != e.shape || file.dtype(e.fqn) != e.dtype) {
@@ -332,10 +332,9 @@ std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& 
   // The package's digest before any of its code is loaded.
   const auto package = listed_file(dir, m.package);
   auto t = Clock::now();
-  const std::string digest = file_sha256(package);
+  check_digest(package, m.package, "the package");
   p.stats.package_hash_s = since(t);
   p.stats.package_bytes = std::filesystem::file_size(package);
-  check_digest(package, digest, m.package.sha256, "the package");
 
   // The weights, read and checked before the package is loaded: a file that
   // does not fit fails fast. The caller's tensors are borrowed as they are.

@@ -10,7 +10,8 @@
 //   bare_open:  K x seconds for libtorch's loader plus load_constants of the
 //               same sidecar (mapped, bound in place): no digest, no check
 //   files:      per file (package, sidecar) its bytes and GB/s of read() and
-//               of sha256 (flashrt::file_sha256), warm (page cache) and, with
+//               of sha256 (flashrt::file_sha256, one core) and of the chunked
+//               check a load makes (all cores), warm (page cache) and, with
 //               --cold, after dropping the file's pages (posix_fadvise
 //               DONTNEED): the disk
 //   calls:      R rounds of N calls each (microseconds per call) of
@@ -19,6 +20,8 @@
 // Packages with one input and no threaded state (the bare loader is given
 // the input as it is).
 #include <flashrt/package.h>
+
+#include "internal.h"  // the load's chunked digest check, timed on its own
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -68,9 +71,18 @@ double read_all(const std::filesystem::path& path) {
 json file_speeds(const std::filesystem::path& path, bool cold) {
   const double gb = static_cast<double>(std::filesystem::file_size(path)) / 1e9;
   json out = {{"file", path.filename().string()}, {"bytes", std::filesystem::file_size(path)}};
+  // The check a load makes: the file's chunk digests (the build's 32 MiB
+  // chunks) on every core; computed once here, untimed, as a build would.
+  flashrt::detail::FileRecord record;
+  record.bytes = static_cast<int64_t>(std::filesystem::file_size(path));
+  record.chunk_bytes = 32 << 20;
+  record.chunk_sha256 = flashrt::detail::chunk_digests(path, *record.bytes, record.chunk_bytes);
   std::vector<std::pair<std::string, std::function<void()>>> ways = {
       {"read", [&] { read_all(path); }},
       {"sha256", [&] { flashrt::file_sha256(path); }},
+      {"sha256 chunks", [&] {
+         if (!flashrt::detail::altered_digest(path, record).empty()) throw std::runtime_error("chunks disagree");
+       }},
   };
   for (const auto& [name, fn] : ways) {
     fn();  // warm the page cache

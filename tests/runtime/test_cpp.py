@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
+from flashrt_build.runtime.manifest import file_record
 
 pytestmark = pytest.mark.slow
 
@@ -118,6 +119,32 @@ def test_cpp_output_equals_python_load_on_an_external_package(
     torch.testing.assert_close(out["logits"], flashrt_build.load(gpt2_external_build.output_dir)(ids).logits)
 
 
+def rechunk(directory: Path, chunk_bytes: int) -> None:
+    """Record the package's and sidecar's digests in chunks of `chunk_bytes`,
+    so files of a few MB take the many-chunk, many-thread path."""
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for section in ("package", "weights"):
+        manifest[section].update(file_record(directory / manifest[section]["file"], chunk_bytes))
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_package_recorded_in_many_chunks_opens_and_runs(
+    cpp_tools: dict[str, Path], mlp_external_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    directory = copy_package(mlp_external_build.output_dir, tmp_path)
+    rechunk(directory, 64 << 10)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert len(manifest["package"]["chunk_sha256"]) > 8
+    # The chunks are what is checked when they match: a whole-file digest that
+    # no longer agrees is not even computed (so the check runs on every core).
+    manifest["package"]["sha256"] = "0" * 64
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    proc, out = cpp_run(cpp_tools, directory, {"x": mlp_x()}, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(out["output"], flashrt_build.load(directory)(mlp_x()))
+
+
+@pytest.mark.parametrize("chunks", ["one", "many"])
 @pytest.mark.parametrize(("file", "what"), [("model.pt2", "the package"), ("weights.safetensors", "the weights")])
 def test_a_flipped_byte_is_refused_naming_the_file_and_both_digests(
     cpp_tools: dict[str, Path],
@@ -125,8 +152,11 @@ def test_a_flipped_byte_is_refused_naming_the_file_and_both_digests(
     tmp_path: Path,
     file: str,
     what: str,
+    chunks: str,
 ) -> None:
     directory = copy_package(mlp_external_build.output_dir, tmp_path)
+    if chunks == "many":
+        rechunk(directory, 1 << 10)
     path = directory / file
     expected = sha256(path)
     flip_byte(path, path.stat().st_size // 2)
