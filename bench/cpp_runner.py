@@ -307,10 +307,10 @@ def markdown(records: list[dict[str, Any]], big: dict[str, Any] | None, args: ar
     if big:
         files.append((f"synthetic {big['bytes'] / 2**20:.0f} MiB", big))
     lines += ["", "Read and hash speed, GB/s (warm: page cache; cold: pages dropped first)", ""]
-    lines += ["| file | bytes | read | sha256 |", "|---|---:|---|---|"]
+    lines += ["| file | bytes | read | sha256, one core | chunk digests, all cores |", "|---|---:|---|---|---|"]
     for label, f in files:
         cells = []
-        for way in ("read", "sha256"):
+        for way in ("read", "sha256", "sha256 chunks"):
             warm = f["warm"].get(way)
             cold = f.get("cold", {}).get(way)
             cells.append("-" if warm is None else f"{warm:.2f}" + (f" / cold {cold:.2f}" if cold else ""))
