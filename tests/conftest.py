@@ -32,27 +32,7 @@ sys.path.insert(0, str(TESTS))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
 
 
-# `make test` hands whole files to its workers in collection order; a long file
-# that starts last runs alone at the end. These go first, longest first (serial
-# seconds from `pytest --durations`: 170, 160, 125, 125, 120, 95, 85); the
-# rest keep their order and fill the gaps.
-LONGEST_FIRST = [
-    "sweep/test_sweep.py",
-    "stages/test_verify.py",
-    "commands/test_reliability.py",
-    "cache/test_cache.py",
-    "cache/test_release.py",
-    "runtime/test_cpp.py",
-    "commands/test_cli.py",
-]
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        path = item.path.relative_to(TESTS).as_posix()
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: within a file, and among the others, the collected order
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
