@@ -69,17 +69,14 @@ def hashing_threads() -> int:
 def file_record(path: Path, chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
     """A manifest's record of a file's bytes: its sha256 and size, and the
     sha256 of each `chunk_bytes` slice, which a load checks in parallel."""
-    spans = chunk_spans(path.stat().st_size, chunk_bytes)
+    size = path.stat().st_size
+    spans = chunk_spans(size, chunk_bytes)
     with ThreadPoolExecutor(min(len(spans) + 1, hashing_threads())) as pool:
         whole = pool.submit(file_sha256, path)
+        # One chunk is the whole file: its digest is the file's.
         chunks = list(pool.map(partial(range_sha256, path), spans)) if len(spans) > 1 else None
     digest = whole.result()
-    return {
-        "sha256": digest,
-        "bytes": path.stat().st_size,
-        "chunk_bytes": chunk_bytes,
-        "chunk_sha256": chunks or [digest],
-    }
+    return {"sha256": digest, "bytes": size, "chunk_bytes": chunk_bytes, "chunk_sha256": chunks or [digest]}
 
 
 def altered_digest(path: Path, record: Mapping[str, Any]) -> str | None:
@@ -91,11 +88,8 @@ def altered_digest(path: Path, record: Mapping[str, Any]) -> str | None:
     if chunks and record.get("chunk_bytes") and path.stat().st_size == record.get("bytes"):
         spans = chunk_spans(record["bytes"], record["chunk_bytes"])
         if len(spans) == len(chunks):
-            if len(spans) == 1:
-                found = [file_sha256(path)]
-            else:
-                with ThreadPoolExecutor(min(len(spans), hashing_threads())) as pool:
-                    found = list(pool.map(partial(range_sha256, path), spans))
+            with ThreadPoolExecutor(min(len(spans), hashing_threads())) as pool:
+                found = list(pool.map(partial(range_sha256, path), spans))
             if found == chunks:
                 return None
     digest = file_sha256(path)
