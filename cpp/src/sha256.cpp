@@ -1,5 +1,5 @@
-// sha256 of a file through OpenSSL's EVP API, read in 1 MiB blocks; a
-// manifest's chunk digests checked on every core.
+// sha256 of a file or a range of it through OpenSSL's EVP API; a manifest's
+// chunk digests checked on every core.
 #include "internal.h"
 
 #include <fcntl.h>
@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -53,9 +54,11 @@ int open_for_reading(const std::filesystem::path& path) {
   return fd;
 }
 
-// sha256 of `length` bytes from `offset` (fewer if the file ends first).
+// sha256 of `length` bytes from `offset` (fewer if the file ends first),
+// read in 1 MiB blocks.
 std::string range_sha256(const std::filesystem::path& path, int64_t offset, int64_t length) {
   const int fd = open_for_reading(path);
+  ::posix_fadvise(fd, offset, 0, POSIX_FADV_SEQUENTIAL);  // 0: to the end of the file
   Digest ctx = new_digest();
   std::vector<unsigned char> block(1 << 20);
   for (int64_t end = offset + length; offset < end;) {
@@ -124,26 +127,7 @@ std::string detail::altered_digest(const std::filesystem::path& path, const deta
 }
 
 std::string file_sha256(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw Error(Error::Kind::Artifact, path.string() + " cannot be read: " + std::strerror(errno));
-  }
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  Digest ctx = new_digest();
-  std::vector<unsigned char> block(1 << 20);
-  for (;;) {
-    ssize_t n = ::read(fd, block.data(), block.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw Error(Error::Kind::Artifact, path.string() + " cannot be read: " + std::strerror(err));
-    }
-    if (n == 0) break;
-    EVP_DigestUpdate(ctx.get(), block.data(), static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return hex_digest(ctx.get());
+  return range_sha256(path, 0, std::numeric_limits<int64_t>::max());  // to the end of the file
 }
 
 }  // namespace flashrt

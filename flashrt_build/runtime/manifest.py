@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -33,15 +34,11 @@ CHUNK_BYTES = 32 << 20
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return range_sha256(path, (0, sys.maxsize))  # to the end of the file
 
 
 def range_sha256(path: Path, span: tuple[int, int]) -> str:
-    """sha256 of `span` = (offset, length) bytes of a file."""
+    """sha256 of `span` = (offset, length) bytes of a file (fewer if it ends first), read in 1 MiB blocks."""
     offset, length = span
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY)
