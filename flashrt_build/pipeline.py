@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from . import __version__
+from .artifact import MANIFEST, PACKAGE, SCHEMA, SIDECAR, STATE
 from .cache.key import build_keys, key_ingredients, method_keys
 from .cache.reuse import check_up_to_date, reuse
 from .cache.store import Store, link_or_copy
@@ -27,11 +28,6 @@ from .config.spec import BuildSpec, MethodSpec, resolve_spec
 from .runtime.checkpoint import dtype_name
 from .runtime.gpu import check_device, fp32_precision, gpu_of
 from .runtime.manifest import (
-    MANIFEST,
-    PACKAGE,
-    SCHEMA,
-    SIDECAR,
-    STATE,
     canonical_sha256,
     config_sha256,
     file_record,

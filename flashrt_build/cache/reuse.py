@@ -7,9 +7,10 @@ import json
 import logging
 from typing import Any
 
+from ..artifact import MANIFEST
 from ..config.spec import BuildSpec, resolve_spec
 from ..errors import ArtifactError
-from ..runtime.manifest import MANIFEST, altered_digest, config_sha256, read_manifest, write_manifest
+from ..runtime.manifest import altered_digest, config_sha256, read_manifest, write_manifest
 from ..stages.publish import build_lock, publish, staging_dir
 from .key import build_keys, changed_ingredients, key_ingredients
 from .store import Store, link_or_copy

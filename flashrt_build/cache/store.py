@@ -19,7 +19,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..runtime.manifest import MANIFEST, PACKAGE, file_sha256
+from ..artifact import MANIFEST, PACKAGE
+from ..runtime.manifest import file_sha256
 
 STORE_DIR = ".store"
 

@@ -4,9 +4,11 @@ Each problem is a ConfigError naming the key and the path; nothing is created.""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
+from ..artifact import foreign_entries
 from ..errors import ConfigError
 
 
@@ -29,6 +31,44 @@ def check_writable(path: Path, key: str = "output_dir", beside: bool = True) -> 
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise ConfigError(key, str(path), f"cannot be written: creating a file in {where} fails ({why})") from None
+
+
+def check_output_dir(output_dir: Path, output_root: Path, cwd: Path, given: str | None = None) -> None:
+    """A build replaces its output directory whole (staged beside it, then
+    swapped in), so refuse, before any work, a directory whose replacement
+    would delete what the build did not make: one that is, or contains, `/`,
+    the home directory, the current directory or the output root (every
+    build, the store and the logs), or one holding anything but an earlier
+    build of this tool. `output_dir` is already resolved: a symlink is judged
+    by its target, which is what would be replaced."""
+    value = given if given is not None else str(output_dir)
+    shown = value if str(output_dir) == value else f"{value} (resolved: {output_dir})"
+    guarded = {
+        "the filesystem root": Path("/"),
+        "the home directory": Path.home(),
+        "the current directory": cwd,
+        "output_root": output_root,
+    }
+    for what, place in guarded.items():
+        place = Path(os.path.realpath(place))
+        if output_dir == place or output_dir in place.parents:
+            relation = "is" if output_dir == place else "contains"
+            raise ConfigError(
+                "output_dir",
+                shown,
+                f"{relation} {what} ({place}); a build replaces its output directory whole, "
+                "so give it a directory of its own",
+            )
+    in_the_way = foreign_entries(output_dir)
+    if in_the_way:
+        listed = ", ".join(in_the_way[:5]) + (f" and {len(in_the_way) - 5} more" if len(in_the_way) > 5 else "")
+        raise ConfigError(
+            "output_dir",
+            shown,
+            f"holds {len(in_the_way)} entries that are not part of a flashrt_build artifact ({listed}); "
+            "a build replaces its output directory whole, so it must be empty, new, or hold an earlier build "
+            "and nothing else",
+        )
 
 
 def check_readable_file(key: str, value: str, path: Path) -> None:

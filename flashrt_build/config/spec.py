@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError, raise_all
-from .paths import check_readable_file, check_writable
+from .paths import check_output_dir, check_readable_file, check_writable
 from .schema import WeightsMode, unknown_keys
 
 # torch dtype names accepted in configs, with the usual short aliases.
@@ -296,7 +296,10 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     output_root = (cwd / config["output_root"]).resolve()
     root_ok = check(check_writable, output_root, "output_root", False) is None and len(problems) == before_paths
     if output_dir is not None and (root_ok or config.get("output_dir")):  # a derived dir fails with its root
+        before_dir = len(problems)
         check(check_writable, output_dir, "output_dir")
+        if len(problems) == before_dir:  # what publishing would replace
+            check(check_output_dir, output_dir, output_root, cwd, config.get("output_dir"))
 
     raise_all(problems)
     # Float inputs follow the target dtype, so the manifest says what the package takes.

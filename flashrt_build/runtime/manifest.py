@@ -15,13 +15,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..artifact import MANIFEST, SCHEMA
 from ..errors import ArtifactError
 
-SCHEMA = "flashrt_build.manifest/1"
-MANIFEST = "manifest.json"
-PACKAGE = "model.pt2"
-SIDECAR = "weights.safetensors"
-STATE = "state.safetensors"  # initial values of buffers a stateful module mutates
 # The keyword argument that carries a stateful module's mutated buffers into and
 # out of its package (the package's calling convention).
 STATE_KWARG = "flashrt_state"

@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..artifact import foreign_entries
 from ..config.paths import check_writable
 from ..errors import ConfigError
 
@@ -83,6 +84,14 @@ def publish(staging: Path, output_dir: Path) -> None:
     """Put `staging` at `output_dir` in one atomic step: a reader sees the old
     artifact or the new one, never neither and never a mix."""
     _make_readable(staging)
+    in_the_way = foreign_entries(output_dir)
+    if in_the_way:  # appeared since the config was checked: never swap someone's files out
+        raise ConfigError(
+            "output_dir",
+            str(output_dir),
+            f"now holds entries that are not part of a flashrt_build artifact ({', '.join(in_the_way[:5])}); "
+            "nothing was published",
+        )
     if not output_dir.exists():
         os.rename(staging, output_dir)
     elif _exchange(staging, output_dir):

@@ -23,8 +23,9 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from ..artifact import MANIFEST
 from ..errors import FlashrtError, log_failure
-from ..runtime.manifest import MANIFEST, read_manifest
+from ..runtime.manifest import read_manifest
 from ..stages.threads import available_cpus, job_threads, threads_env
 from .gpus import gpu_slot
 

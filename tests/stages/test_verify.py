@@ -85,13 +85,14 @@ def test_a_package_that_differs_from_eager_fails_and_publishes_nothing(tmp_path:
     conf = module_conf(tmp_path, "liar", "modules.DiffersWhenExported")
     out = tmp_path / "out"
     out.mkdir()
-    (out / "manifest.json").write_text('{"previous": "good artifact"}')
+    previous = {"schema": "flashrt_build.manifest/1", "previous": "good artifact"}
+    (out / "manifest.json").write_text(json.dumps(previous))
     result = cli("--config-dir", str(conf), "+module=liar", f"output_dir={out}", f"output_root={tmp_path}")
     assert result.returncode == 1
     assert "VerifyError: package output output differs from eager at example: max_abs_err=0.5 (verify.atol 0.0001)" in (
         result.stderr
     )
-    assert json.loads((out / "manifest.json").read_text()) == {"previous": "good artifact"}
+    assert json.loads((out / "manifest.json").read_text()) == previous
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
     # no staging left behind; the lock file stays (hidden, empty)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", ".runs", "conf", "out"]
