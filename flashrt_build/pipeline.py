@@ -37,7 +37,7 @@ from .runtime.manifest import (
 )
 from .stages.export import Exported, export_module
 from .stages.inputs import dynamic_shapes, make_inputs
-from .stages.module import import_target, instantiate_module
+from .stages.module import instantiate_module, locate_target, real_name
 from .stages.package import combine_packages, compile_package, package_constant_fqns, validate_inductor_options
 from .stages.progress import StageTimer
 from .stages.publish import build_lock, publish, staging_dir
@@ -288,7 +288,7 @@ def _release_cache(spec: BuildSpec, ingredients: dict[str, Any]) -> Path | None:
 
 def _module_provenance(spec: BuildSpec) -> dict[str, Any]:
     """The target's dotted path, its source file digest and its distribution."""
-    obj = import_target(spec.target)
+    obj = locate_target(spec.target)
     try:
         source = inspect.getsourcefile(obj)  # type: ignore[arg-type]
     except TypeError:
@@ -301,6 +301,7 @@ def _module_provenance(spec: BuildSpec) -> dict[str, Any]:
         checkpoint = {"path": str(spec.checkpoint), "sha256": file_sha256(spec.checkpoint)}
     return {
         "target": spec.target,
+        "callable": real_name(obj),  # what the target really is: a class method by its class
         "source_file": source,
         "source_sha256": file_sha256(Path(source)) if source else None,
         "distribution": dist,

@@ -144,8 +144,22 @@ class BuildSpec:
         return self.methods[0].model != SINGLE_MODEL
 
 
-# What a release build may instantiate without the user widening allowed_targets.
-RELEASE_TARGETS = ("flashrt_build.examples.*", "transformers.*", "torchvision.models.*")
+# What a release build may instantiate without the user widening
+# allowed_targets: the shipped configs' own targets, each by name
+# (tests/config/test_spec.py keeps this list equal to them).
+RELEASE_TARGETS = (
+    "flashrt_build.examples.MLP",
+    "flashrt_build.examples.T5Seq2Seq",
+    "flashrt_build.examples.TinyLM",
+    "torchvision.models.resnet50",
+    "transformers.BertConfig",
+    "transformers.BertModel",
+    "transformers.GPT2Config",
+    "transformers.GPT2LMHeadModel",
+    "transformers.LlamaConfig",
+    "transformers.LlamaForCausalLM",
+    "transformers.T5Config",
+)
 
 
 RELEASE_MARCH = "x86-64-v3"
@@ -178,8 +192,22 @@ def allowed_targets(config: Mapping[str, Any]) -> list[str]:
     return patterns
 
 
+def target_allowed(target: str, patterns: list[str], real_name: str | None = None) -> bool:
+    """Is a `_target_` on the allow-list? Before import, by the path as written
+    (`real_name` None). After Hydra located the object, also by what it really
+    is, `module.qualname`, because Hydra follows attributes through modules:
+    `transformers.modeling_utils.torch.save` is torch's `save`. A pattern that
+    names the path exactly, without wildcards, admits it as written."""
+    if not any(fnmatch.fnmatchcase(target, pattern) for pattern in patterns):
+        return False
+    if real_name is None or target in patterns:
+        return True
+    return any(fnmatch.fnmatchcase(real_name, pattern) for pattern in patterns)
+
+
 def find_targets(node: Any, key: str) -> list[tuple[str, Any]]:
-    """Every `_target_` in a config node, with its full key."""
+    """Every `_target_` in a config node at any depth (nested arguments,
+    `_args_` lists, `_partial_` nodes), with its full key."""
     found = []
     if isinstance(node, Mapping):
         if "_target_" in node:
@@ -247,7 +275,10 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         problems.append(ConfigError("module.model._target_", target, "expected a dotted import path"))
     allowed = allowed_targets(config)
     for key, value in find_targets(model, "module.model"):
-        if allowed and not any(fnmatch.fnmatchcase(str(value), pattern) for pattern in allowed):
+        if not isinstance(value, str) or not value:
+            if key != "module.model._target_":  # reported above
+                problems.append(ConfigError(key, value, "expected a dotted import path"))
+        elif allowed and not target_allowed(value, allowed):
             problems.append(ConfigError(key, value, f"not allowed; allowed_targets: {allowed}"))
     methods = _resolve_methods(module, check)
 

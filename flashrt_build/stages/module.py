@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
+from hydra._internal.utils import _locate
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from ..config.spec import BuildSpec
+from ..config.spec import BuildSpec, allowed_targets, find_targets, target_allowed
 from ..errors import ConfigError, InstantiateError, first_lines
 from ..runtime.checkpoint import read_checkpoint
 from .inputs import torch_dtype
@@ -18,19 +19,46 @@ from .inputs import torch_dtype
 log = logging.getLogger(__name__)
 
 
-def import_target(target: str) -> object:
-    """Import a dotted `_target_` or raise a ConfigError naming it."""
-    module_path, _, attr = target.rpartition(".")
+def locate_target(target: str, key: str = "module.model._target_") -> Any:
+    """The object a dotted `_target_` names, found the way Hydra's instantiate
+    finds it (modules, then attributes: a class method or a factory is a
+    target too), or a ConfigError naming the key."""
     try:
-        obj = importlib.import_module(module_path) if module_path else None
-        return getattr(obj, attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError("module.model._target_", target, f"cannot be imported ({exc})") from None
+        return _locate(target)
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        why = f"{type(cause).__name__}: {first_lines(cause, 1)}"
+        raise ConfigError(key, target, f"cannot be imported ({why})") from None
+
+
+def real_name(obj: Any) -> str | None:
+    """`module.qualname` of what a target really is (a bound class method by
+    its function), or None for an object that does not say."""
+    function = getattr(obj, "__func__", obj)
+    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else None
+
+
+def check_targets(spec: BuildSpec) -> None:
+    """Every `_target_` of the module, at any depth, located and, when
+    `allowed_targets` (or the release profile) restricts them, checked by what
+    the object really is, before anything is instantiated."""
+    patterns = allowed_targets(spec.config)
+    for key, target in find_targets(spec.model, "module.model"):
+        obj = locate_target(target, key)
+        if not patterns:
+            continue
+        name = real_name(obj)
+        if name is None and target not in patterns:
+            what = f"is a {type(obj).__name__} that names no module"
+            raise ConfigError(key, target, f"{what}; allowed_targets: {patterns}")
+        if not target_allowed(target, patterns, name):
+            raise ConfigError(key, target, f"is {name}, which allowed_targets does not admit: {patterns}")
 
 
 def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     """Build the `nn.Module`, seeded, in eval mode, on the target device and dtype."""
-    import_target(spec.target)  # an unimportable target is a config error, not a build error
+    check_targets(spec)  # an unimportable or forbidden target is a config error, not a build error
     torch.manual_seed(spec.seed)
     try:
         module = instantiate(dict(spec.model), _convert_="all")

@@ -202,7 +202,7 @@ def test_allowed_targets_refuse_other_targets_before_import() -> None:
 def test_release_allows_the_shipped_zoo_plus_user_patterns() -> None:
     assert resolve_spec(compose(["+module=gpt2_tiny", "release=true"])).target == "transformers.GPT2LMHeadModel"
     err = config_error("release=true", "module.model._target_=mycompany.Net")
-    assert "flashrt_build.examples.*" in str(err)
+    assert "flashrt_build.examples.MLP" in str(err)
     widened = resolve_spec(
         compose(["+module=mlp", "release=true", "allowed_targets=[mycompany.*]", "module.model._target_=mycompany.Net"])
     )
@@ -304,3 +304,56 @@ def test_a_long_variant_is_shortened_keeping_variants_apart() -> None:
     assert len(first) <= 96 and first.startswith("module.model.width_0_0-") and first == variant_of(many)
     # and it builds a usable directory name: the lock file beside it fits in 255 bytes
     assert len(f".cpu-external-default-{first}.lock") < 255
+
+
+def test_release_allows_exactly_the_shipped_configs_targets() -> None:
+    import yaml
+
+    from flashrt_build.config.spec import RELEASE_TARGETS, find_targets
+
+    shipped = {
+        target
+        for path in (CONF_DIR / "module").glob("*.yaml")
+        for _, target in find_targets(yaml.safe_load(path.read_text())["model"], "module.model")
+    }
+    assert set(RELEASE_TARGETS) == shipped
+    assert not any("*" in pattern for pattern in RELEASE_TARGETS)  # named one by one, no wildcard
+
+
+@pytest.mark.parametrize("where", ["top", "nested", "args"])
+def test_allowed_targets_check_what_a_target_really_is(tmp_path: Path, where: str) -> None:
+    """`transformers.*` used to admit `transformers.modeling_utils.torch.save`
+    (Hydra follows attributes through modules), at any depth: a release build
+    wrote an arbitrary file. Now the located object's real name is checked
+    before anything is instantiated."""
+    import flashrt_build
+
+    payload = tmp_path / "written-by-the-config"
+    save = f"{{_target_: transformers.modeling_utils.torch.save, _args_: [pwned, '{payload}']}}"
+    model = {
+        "top": save,
+        "nested": f"{{_target_: transformers.GPT2LMHeadModel, config: {save}}}",
+        "args": f"{{_target_: transformers.GPT2LMHeadModel, _args_: [{save}]}}",
+    }[where]
+    (tmp_path / "module").mkdir()
+    (tmp_path / "module" / "evil.yaml").write_text(f"name: evil\nmodel: {model}\ninputs: {{x: {{shape: [2]}}}}\n")
+    cfg = compose(
+        ["+module=evil", "release=true", "allowed_targets=[transformers.*]", f"output_root={tmp_path / 'out'}"],
+        config_dir=tmp_path,
+    )
+    with pytest.raises(ConfigError) as info:
+        flashrt_build.build(cfg)
+    keys = {"top": "module.model", "nested": "module.model.config", "args": "module.model._args_.0"}
+    assert info.value.key == f"{keys[where]}._target_"
+    assert "is torch.serialization.save, which allowed_targets does not admit" in str(info.value)
+    assert not payload.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_pattern_naming_a_path_exactly_admits_it_as_written() -> None:
+    from flashrt_build.config.spec import target_allowed
+
+    real = "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel"
+    assert target_allowed("transformers.GPT2LMHeadModel", ["transformers.GPT2LMHeadModel"], real)
+    assert target_allowed("transformers.GPT2LMHeadModel", ["transformers.*"], real)
+    assert not target_allowed("transformers.modeling_utils.torch.save", ["transformers.*"], "torch.serialization.save")
+    assert not target_allowed("evil.Run", ["transformers.*"])  # refused before anything is imported
