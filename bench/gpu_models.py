@@ -156,7 +156,8 @@ def main() -> None:
     spec = resolve_spec(compose([f"+module={args.module}", f"target={args.target}"]))
     device = spec.device
     module = instantiate_module(spec)  # seeded: the same weights as the packages
-    example = make_inputs(spec)  # the seeded example inputs the builds use, constant kwargs included
+    example = make_inputs(spec)  # the seeded example inputs the builds use...
+    example.kwargs.update(spec.kwargs)  # ...and the constant kwargs, as eager and the raw export take them
     raw_builds = {}
     for external in (False, True) if "external" in args.weights else (False,):
         with torch.no_grad():

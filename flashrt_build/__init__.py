@@ -29,6 +29,7 @@ _EXPORTS = {
     "ExportError": "errors",
     "FlashrtError": "errors",
     "InstantiateError": "errors",
+    "UnexpectedError": "errors",
     "LoaderCrash": "errors",
     "VerifyError": "errors",
     "WeightsMismatch": "errors",

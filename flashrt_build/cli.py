@@ -75,7 +75,7 @@ def variant_of(overrides: list[str]) -> str | None:
 
 def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
-    from .errors import FlashrtError, log_failure
+    from .errors import FlashrtError, UnexpectedError, log_failure
 
     if cfg.get("variant") is None and HydraConfig.initialized():
         with open_dict(cfg):
@@ -96,6 +96,9 @@ def run_job(cfg: DictConfig) -> int:
     except FlashrtError as exc:
         log_failure(log, exc)
         return exc.exit_code
+    except Exception as exc:  # not raised on purpose: a failed build all the same, said in one line
+        log_failure(log, UnexpectedError(exc))
+        return 1
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

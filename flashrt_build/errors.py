@@ -24,9 +24,10 @@ class ConfigError(FlashrtError):
 
     exit_code = 2
 
-    def __init__(self, key: str, value: object, expected: str) -> None:
+    def __init__(self, key: str, value: object, expected: str, kind: str = "config key") -> None:
+        """`kind` says what `key` is: a config key, a command's `argument`, an `environment variable`."""
         self.key, self.value, self.expected = key, value, expected
-        super().__init__(f"config key '{key}' = {value!r}: {expected}")
+        super().__init__(f"{kind} '{key}' = {value!r}: {expected}")
 
 
 def raise_all(problems: list[ConfigError]) -> None:
@@ -84,11 +85,29 @@ class ArtifactError(FlashrtError):
     """A built artifact is missing, incomplete or altered since its build."""
 
 
+class UnexpectedError(BuildError):
+    """An error flashrt_build did not anticipate (a bug here or in a library):
+    the build failed all the same, and says so in one line naming the cause."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.__cause__ = cause
+        where = _innermost_frame(cause)
+        super().__init__(f"{type(cause).__name__}: {first_lines(cause, 2)}{f' (at {where})' if where else ''}")
+
+
+def _innermost_frame(exc: BaseException) -> str | None:
+    """`file:line` where an exception was raised, for a one-line report."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else None
+
+
 def log_failure(log: logging.Logger, exc: BaseException) -> None:
     """A failed build's one line (with its traceback when FLASHRT_TRACEBACK or
     HYDRA_FULL_ERROR is set), however the build was run."""
     if os.environ.get("FLASHRT_TRACEBACK") or os.environ.get("HYDRA_FULL_ERROR"):
-        log.error("build failed", exc_info=exc)
+        log.error("build failed", exc_info=exc.__cause__ if isinstance(exc, UnexpectedError) else exc)
     log.error("%s: %s", type(exc).__name__, exc)
 
 

@@ -32,13 +32,21 @@ from .runtime.manifest import (
     config_sha256,
     file_record,
     file_sha256,
+    load_contract,
     read_manifest,
     write_manifest,
 )
+from .stages.domain import check_input_domain, check_input_names
 from .stages.export import Exported, export_module
 from .stages.inputs import dynamic_shapes, make_inputs
 from .stages.module import instantiate_module, locate_target, real_name
-from .stages.package import combine_packages, compile_package, package_constant_fqns, validate_inductor_options
+from .stages.package import (
+    combine_packages,
+    compile_package,
+    package_constant_fqns,
+    seal_package,
+    validate_inductor_options,
+)
 from .stages.progress import StageTimer
 from .stages.publish import build_lock, publish, staging_dir
 from .stages.threads import apply_threads
@@ -93,6 +101,13 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
     with timer.stage("instantiate"):
         module = instantiate_module(spec)
         timer.notes["instantiate"] = f"{sum(p.numel() for p in module.parameters()):,} parameters"
+    with timer.stage("inputs"):  # the config's inputs against the eager module, before the costly stages
+        for method in spec.methods:
+            check_input_names(module, spec, method)
+        checked = [check_input_domain(module, spec, method) for method in spec.methods]
+        timer.notes["inputs"] = "; ".join(
+            f"{m.label + ': ' if m.label else ''}{note}" for m, note in zip(spec.methods, checked, strict=True)
+        )
     with timer.stage("export"):
         exported = [_export(module, spec, method) for method in spec.methods]
         timer.notes["export"] = ", ".join(
@@ -135,55 +150,59 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
                 weights.update(file=SIDECAR, **file_record(sidecar))
             elif spec.multi_method:
                 weights["copies"] = len(spec.methods)  # each method's model holds its own
-            package = {"file": PACKAGE, **file_record(package_path)}
-            package["reused"] = all(compiled.values())
+            threaded = sorted({name for e in exported for name in e.state})
+            default = next(e for e in exported if e.method == spec.default_method)
+            # What a load relies on: recorded in the package too (seal_package), so an edit of it is caught.
+            described: dict[str, Any] = {
+                "weights": {
+                    **weights,
+                    "tensors": [t.to_json() for t in tensors],
+                    # constants of the forward's code that Inductor compiled into the kernels
+                    "inlined": [t.to_json() for t in inlined],
+                    # module tensors the graph never reads: accepted in a checkpoint, not bound
+                    "unused": unused,
+                },
+                "state": _write_state(staging, module, threaded),
+                # the default method's (what m(...) calls); every method's under `methods`
+                "inputs": [inp.to_json() for inp in default.method.inputs],
+                "outputs": _output_specs(default),
+                "methods": {
+                    e.method.name: {
+                        "method": e.method.attr,
+                        "model": e.method.model,
+                        "inputs": [inp.to_json() for inp in e.method.inputs],
+                        "outputs": _output_specs(e),
+                        "kwargs": dict(e.method.kwargs),
+                        "state": e.state,
+                        "compiled": "reused" if compiled[e.method.name] else "built",
+                        **({"method_key": per_method[e.method.name]} if spec.multi_method else {}),
+                    }
+                    for e in exported
+                },
+                "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
+                "toolchain": toolchain,
+            }
+            reused = all(compiled.values())
+            seal_package(package_path, load_contract(described), already=reused)
+            package = {"file": PACKAGE, **file_record(package_path), "reused": reused}
             timer.notes["package"] = f"{package['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
             if spec.weights is WeightsMode.external:
                 timer.notes["package"] += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
             if inlined:
                 timer.notes["package"] += f", {len(inlined)} code constants inlined"
-            threaded = sorted({name for e in exported for name in e.state})
-            state = _write_state(staging, module, threaded)
-        default = next(e for e in exported if e.method == spec.default_method)
         manifest: dict[str, Any] = {
             "schema": SCHEMA,
             "name": spec.name,
             "flashrt_build": __version__,
             "module": provenance,
             "package": package,
-            "weights": {
-                **weights,
-                "tensors": [t.to_json() for t in tensors],
-                # constants of the forward's code that Inductor compiled into the kernels
-                "inlined": [t.to_json() for t in inlined],
-                # module tensors the graph never reads: accepted in a checkpoint, not bound
-                "unused": unused,
-            },
-            "state": state,
-            # the default method's (what m(...) calls); every method's under `methods`
-            "inputs": [inp.to_json() for inp in default.method.inputs],
-            "outputs": _output_specs(default),
-            "methods": {
-                e.method.name: {
-                    "method": e.method.attr,
-                    "model": e.method.model,
-                    "inputs": [inp.to_json() for inp in e.method.inputs],
-                    "outputs": _output_specs(e),
-                    "kwargs": dict(e.method.kwargs),
-                    "state": e.state,
-                    "compiled": "reused" if compiled[e.method.name] else "built",
-                    **({"method_key": per_method[e.method.name]} if spec.multi_method else {}),
-                }
-                for e in exported
-            },
-            "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
+            **described,
             "inductor": {"options": _jsonable(options)},
             "release": spec.release,
             "config": spec.config,
             "config_sha256": config_sha256(spec.config),
             **keys,
             "key_ingredients": ingredients,
-            "toolchain": toolchain,
             "verification": {"enabled": False, "passed": None},
             "timings": timer.timings,
         }
@@ -344,7 +363,11 @@ def _output_specs(exported: Exported) -> list[dict[str, Any]]:
     user_outputs = output.args[0][: len(output.args[0]) - state]  # threaded state comes last
     specs = []
     for node in user_outputs:
-        val = node.meta.get("val") if hasattr(node, "meta") else None
+        if not isinstance(node, torch.fx.Node):  # a constant the method returns (None, 3): the package gives it back
+            value = node if isinstance(node, (bool, int, float, str, type(None))) else repr(node)
+            specs.append({"shape": None, "dtype": type(node).__name__, "value": value})
+            continue
+        val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
             specs.append({"shape": None, "dtype": type(val).__name__})
             continue

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,10 @@ struct WeightEntry {
   std::string kind;  // parameter | buffer | constant
   bool persistent = true;
   std::vector<std::string> names;  // fqn, then its export name (source), then tied aliases
+  // The layout the compiled code reads it with (row-major for manifests that
+  // do not record it): a tensor of the right shape laid out otherwise gives
+  // wrong answers silently.
+  std::vector<int64_t> stride;
   // A checkpoint must supply parameters and persistent buffers; constants of
   // the forward's code and non-persistent buffers default to the build's values.
   bool required() const { return kind == "parameter" || (kind == "buffer" && persistent); }
@@ -77,8 +82,18 @@ struct Manifest {
   std::optional<FileRecord> state_file;
   std::vector<StateEntry> state;
   std::vector<InputSpec> inputs;
-  std::vector<std::string> constant_kwargs;  // config.module.kwargs: no tensors, fixed at build time
+  std::vector<std::string> constant_kwargs;  // the method's kwargs: no tensors, fixed at build time
+  nlohmann::json contract;  // what a load relies on (see check_contract)
 };
+
+// Inside the package's archive: what a load relies on, as the build recorded it.
+inline constexpr const char* kContractMember = "extra/flashrt_build/contract.json";
+
+// Throws Error(Artifact) when the manifest's load-relevant fields differ from
+// the record the build wrote into the package (whose digest was checked
+// first): an edited manifest is refused instead of trusted. A package built
+// before the record existed passes.
+void check_contract(const std::filesystem::path& package, const Manifest& m);
 
 // Reads and checks `dir`/manifest.json; throws Error(Artifact) naming the file and key.
 Manifest read_manifest(const std::filesystem::path& dir);
@@ -103,12 +118,17 @@ struct TableEntry {
   std::vector<int64_t> shape;
   at::ScalarType dtype;
   std::optional<c10::Device> device;  // known for tensors in memory, not for a file's table
+  // Of the caller's tensors, bound as they are; a file's are laid out when read.
+  std::optional<std::vector<int64_t>> stride;
 };
+
+// Do `stride` and the entry's agree? Axes of size 1 are never stepped along.
+bool same_layout(const std::vector<int64_t>& stride, const WeightEntry& entry);
 using Table = std::map<std::string, TableEntry>;
 
 // Every difference between the manifest's tensors and a table, as the
 // Python side's `runtime.checkpoint.compare` lists them: (kind, names) in the order
-// missing, unexpected, wrong shape, wrong dtype, wrong device; kinds without
+// missing, unexpected, wrong shape, wrong dtype, wrong device, wrong strides; kinds without
 // names left out. `chosen` gets fqn -> the table's name for it.
 std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std::vector<WeightEntry>& entries,
                                                                       const Table& table,

@@ -2,6 +2,8 @@
 // the package needs. A key that is missing or of the wrong type is named.
 #include "internal.h"
 
+#include <caffe2/serialize/inline_container.h>
+
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -53,6 +55,9 @@ struct Node {
   FileRecord file_record() const {
     FileRecord r;
     r.file = (*this)["file"].as<std::string>();
+    if (r.file.empty() || r.file == "." || r.file == ".." || r.file.find('/') != std::string::npos) {
+      (*this)["file"].fail("is '" + r.file + "', expected a file name inside the output directory");
+    }
     r.sha256 = (*this)["sha256"].as<std::string>();
     if (has("chunk_sha256") && has("chunk_bytes") && has("bytes")) {
       r.bytes = (*this)["bytes"].as<int64_t>();
@@ -64,7 +69,117 @@ struct Node {
   }
 };
 
+std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> stride(shape.size());
+  int64_t step = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    stride[i] = step;
+    step *= std::max<int64_t>(shape[i], 1);
+  }
+  return stride;
+}
+
+json value_or_null(const json& node, const char* key) {
+  return node.is_object() && node.contains(key) ? node.at(key) : json(nullptr);
+}
+
+// What loading and calling the package relies on, projected from the
+// manifest exactly as flashrt_build.runtime.manifest.load_contract does; the
+// build records the same inside the package.
+json load_contract(const json& doc) {
+  const json& weights = doc.at("weights");
+  json tensors = json::array();
+  for (const auto& t : weights.at("tensors")) {
+    json entry = t;
+    entry.erase("sha256");
+    tensors.push_back(std::move(entry));
+  }
+  const json gpu_node = value_or_null(doc.at("toolchain"), "gpu");
+  const json gpu = gpu_node.is_null()
+                       ? json(nullptr)
+                       : json{{"name", value_or_null(gpu_node, "name")}, {"capability", value_or_null(gpu_node, "capability")}};
+  json state = nullptr;
+  if (!value_or_null(doc, "state").is_null()) {
+    state = json::array();
+    for (const auto& t : doc["state"].at("tensors")) {
+      state.push_back({{"fqn", t.at("fqn")}, {"shape", t.at("shape")}, {"dtype", t.at("dtype")}});
+    }
+  }
+  json methods = json::object();
+  for (const auto& [name, e] : value_or_null(doc, "methods").items()) {
+    json method = json::object();
+    for (const char* key : {"method", "model", "inputs", "outputs", "kwargs", "state"}) method[key] = value_or_null(e, key);
+    methods[name] = std::move(method);
+  }
+  const json& target = doc.at("target");
+  return {
+      {"schema", kSchema},
+      {"target",
+       {{"device", value_or_null(target, "device")},
+        {"dtype", value_or_null(target, "dtype")},
+        {"tf32", value_or_null(target, "tf32")}}},
+      {"gpu", gpu},
+      {"weights",
+       {{"mode", weights.at("mode")},
+        {"tensors", tensors},
+        {"unused", weights.contains("unused") ? weights["unused"] : json::array()}}},
+      {"state", state},
+      {"inputs", doc.at("inputs")},
+      {"outputs", doc.at("outputs")},
+      {"methods", methods},
+  };
+}
+
+// The first key at which two JSON values differ, dotted; empty when equal.
+std::string first_difference(const json& a, const json& b, const std::string& key) {
+  if (a.is_object() && b.is_object()) {
+    std::vector<std::string> keys;
+    for (const auto& [k, _] : a.items()) keys.push_back(k);
+    for (const auto& [k, _] : b.items()) {
+      if (!a.contains(k)) keys.push_back(k);
+    }
+    std::sort(keys.begin(), keys.end());
+    for (const auto& k : keys) {
+      const std::string found = first_difference(value_or_null(a, k.c_str()), value_or_null(b, k.c_str()),
+                                                 key.empty() ? k : key + "." + k);
+      if (!found.empty()) return found;
+    }
+    return "";
+  }
+  if (a.is_array() && b.is_array() && a.size() == b.size()) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string found = first_difference(a[i], b[i], key + "[" + std::to_string(i) + "]");
+      if (!found.empty()) return found;
+    }
+    return "";
+  }
+  return a == b ? "" : (key.empty() ? "the manifest" : key);
+}
+
 }  // namespace
+
+void check_contract(const std::filesystem::path& package, const Manifest& m) {
+  std::string recorded;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(package.string());
+    if (!reader.hasRecord(kContractMember)) return;  // built before packages recorded it
+    const auto [data, size] = reader.getRecord(kContractMember);
+    recorded.assign(static_cast<const char*>(data.get()), size);
+  } catch (const c10::Error& e) {
+    throw Error(Error::Kind::Artifact, package.string() + " cannot be read as an archive: " + e.what_without_backtrace());
+  }
+  json built;
+  try {
+    built = json::parse(recorded);
+  } catch (const json::exception& e) {
+    throw Error(Error::Kind::Artifact, package.string() + ": its record of the manifest is not JSON (" + e.what() + ")");
+  }
+  const std::string key = first_difference(m.contract, built, "");
+  if (!key.empty()) {
+    throw Error(Error::Kind::Artifact, m.path.string() + " was edited after its build: " + key +
+                                           " differs from the package's own record; refusing to load it");
+  }
+}
 
 Manifest read_manifest(const std::filesystem::path& dir) {
   Manifest m;
@@ -116,13 +231,21 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   m.package = root["package"].file_record();
 
   const Node weights = root["weights"];
-  m.external = weights["mode"].as<std::string>() == "external";
+  const std::string mode = weights["mode"].as<std::string>();
+  if (mode != "baked" && mode != "external") weights["mode"].fail("is '" + mode + "', expected baked or external");
+  m.external = mode == "external";
   if (m.external) m.weights_file = weights.file_record();
   const Node tensors = weights["tensors"];
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Node t = tensors[i];
     WeightEntry e{t["fqn"].as<std::string>(), t["shape"].shape(), t["dtype"].dtype(), t["kind"].as<std::string>(),
-                  true, {}};
+                  true, {}, {}};
+    if (t.has("stride") && !t["stride"].null()) {
+      e.stride = t["stride"].shape();
+      if (e.stride.size() != e.shape.size()) t["stride"].fail("has " + std::to_string(e.stride.size()) + " axes");
+    } else {
+      e.stride = row_major(e.shape);
+    }
     if (t.has("persistent") && !t["persistent"].null()) e.persistent = t["persistent"].as<bool>();
     e.names.push_back(e.fqn);
     if (t.has("source") && !t["source"].null()) e.names.push_back(t["source"].as<std::string>());
@@ -146,8 +269,10 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   const Node inputs = root["inputs"];
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Node in = inputs[i];
-    InputSpec spec{in["name"].as<std::string>(), in["shape"].shape(), in["dtype"].dtype(), {}, false};
+    InputSpec spec{in["name"].as<std::string>(), in["shape"].shape(), in["dtype"].dtype(), {}, false, {}, {}};
     if (in.has("positional")) spec.positional = in["positional"].as<bool>();
+    if (in.has("low") && !in["low"].null()) spec.low = in["low"].as<int64_t>();
+    if (in.has("high") && !in["high"].null()) spec.high = in["high"].as<int64_t>();
     const Node dynamic = in["dynamic"];
     for (const auto& [axis, dim] : dynamic.value.items()) {
       const Node d{dim, dynamic.key + "." + axis, m.path};
@@ -167,9 +292,17 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   // Positional inputs come first, then keyword ones: the order the Python module takes them in.
   std::stable_partition(m.inputs.begin(), m.inputs.end(), [](const InputSpec& s) { return s.positional; });
 
-  const Node module = root["config"]["module"];
-  if (module.has("kwargs") && module["kwargs"].value.is_object()) {
-    for (const auto& [key, value] : module["kwargs"].value.items()) m.constant_kwargs.push_back(key);
+  // The constant keyword arguments: of the one method, else (older manifests) the module's.
+  const json& kwargs = doc.contains("methods") && doc["methods"].size() == 1
+                           ? doc["methods"].begin()->value("kwargs", json::object())
+                           : root["config"]["module"].value.value("kwargs", json::object());
+  if (kwargs.is_object()) {
+    for (const auto& [key, value] : kwargs.items()) m.constant_kwargs.push_back(key);
+  }
+  try {
+    m.contract = load_contract(doc);
+  } catch (const json::exception& e) {
+    throw Error(Error::Kind::Artifact, m.path.string() + " lacks what a load relies on (" + e.what() + ")");
   }
   return m;
 }

@@ -95,6 +95,13 @@ std::string mismatch(const std::string& source,
 
 namespace detail {
 
+bool same_layout(const std::vector<int64_t>& stride, const WeightEntry& entry) {
+  for (size_t axis = 0; axis < entry.shape.size(); ++axis) {
+    if (entry.shape[axis] > 1 && stride.at(axis) != entry.stride.at(axis)) return false;
+  }
+  return true;
+}
+
 std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std::vector<WeightEntry>& entries,
                                                                       const Table& table,
                                                                       const std::vector<std::string>& unused,
@@ -102,7 +109,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std:
                                                                       std::map<std::string, std::string>& chosen) {
   // Pair each FQN with the table's name for it: its own, its export name, or a tied alias.
   std::set<std::string> known(unused.begin(), unused.end());
-  std::vector<std::string> missing, unexpected, shape, dtype, wrong_device;
+  std::vector<std::string> missing, unexpected, shape, dtype, wrong_device, strides;
   for (const auto& e : entries) {
     known.insert(e.names.begin(), e.names.end());
     auto found = std::find_if(e.names.begin(), e.names.end(), [&](const std::string& n) { return table.count(n); });
@@ -129,13 +136,18 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std:
     if (device && got.device && !same_device(*got.device, *device)) {
       wrong_device.push_back(name + " on " + got.device->str() + " (package runs on " + device->str() + ")");
     }
+    if (got.stride && got.shape == want.shape && !same_layout(*got.stride, want)) {
+      strides.push_back(name + " strides " + shape_str(*got.stride) + " (package expects " + shape_str(want.stride) +
+                        ": bind a .contiguous() copy, or the build's layout)");
+    }
   }
   std::vector<std::pair<std::string, std::vector<std::string>>> problems;
   for (auto& [kind, names] : {std::pair<const char*, std::vector<std::string>&>{"missing", missing},
                               {"unexpected", unexpected},
                               {"wrong shape", shape},
                               {"wrong dtype", dtype},
-                              {"wrong device", wrong_device}}) {
+                              {"wrong device", wrong_device},
+                              {"wrong strides", strides}}) {
     if (!names.empty()) problems.emplace_back(kind, std::move(names));
   }
   return problems;
@@ -144,6 +156,13 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std:
 }  // namespace detail
 
 namespace {
+
+// A tensor read from a file (row-major) with the strides the package reads:
+// a copy only for one the build held in another layout (a transposed view).
+at::Tensor laid_out(const at::Tensor& t, const WeightEntry& entry) {
+  if (detail::same_layout(t.strides().vec(), entry)) return t;
+  return at::empty_strided(t.sizes(), entry.stride, t.options()).copy_(t);
+}
 
 // Weights to bind: the caller's tensors (borrowed, on the device already) or a file's.
 struct Source {
@@ -215,13 +234,16 @@ struct Package::Impl {
     detail::Table table;
     for (const auto& [name, t] : source.tensors) {
       table[name] = {t.sizes().vec(), t.scalar_type(),
-                     source.in_memory ? std::optional<c10::Device>(t.device()) : std::nullopt};
+                     source.in_memory ? std::optional<c10::Device>(t.device()) : std::nullopt,
+                     source.in_memory ? std::optional<std::vector<int64_t>>(t.strides().vec()) : std::nullopt};
     }
     std::map<std::string, std::string> chosen;
     auto problems = detail::compare(manifest.weights, table, manifest.unused, device, chosen);
     if (!problems.empty()) throw Error(Error::Kind::Weights, mismatch(source.description, problems));
+    std::map<std::string, const WeightEntry*> by_fqn;
+    for (const auto& e : manifest.weights) by_fqn[e.fqn] = &e;
     TensorMap bound;
-    for (const auto& [fqn, name] : chosen) bound.emplace(fqn, source.tensors.at(name).to(device));
+    for (const auto& [fqn, name] : chosen) bound.emplace(fqn, laid_out(source.tensors.at(name).to(device), *by_fqn.at(fqn)));
     if (manifest.external && bound.size() < manifest.weights.size()) {
       // Constants of the forward's code, non-persistent buffers: the build's values.
       const SafetensorsFile& defaults = read_sidecar();
@@ -231,7 +253,7 @@ struct Package::Impl {
         if (!defaults.contains(e.fqn)) {
           absent.push_back(e.fqn);
         } else {
-          bound.emplace(e.fqn, defaults.tensor(e.fqn).to(device));
+          bound.emplace(e.fqn, laid_out(defaults.tensor(e.fqn).to(device), e));
         }
       }
       if (!absent.empty()) throw Error(Error::Kind::Weights, mismatch(defaults.path().string(), {{"missing", absent}}));
@@ -333,6 +355,7 @@ std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& 
   const auto package = listed_file(dir, m.package);
   auto t = Clock::now();
   check_digest(package, m.package, "the package");
+  detail::check_contract(package, m);
   p.stats.package_hash_s = since(t);
   p.stats.package_bytes = std::filesystem::file_size(package);
 
@@ -471,6 +494,20 @@ void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
                                             d.name + "' but have sizes " + std::to_string(first.first) + " and " +
                                             std::to_string(size));
       }
+    }
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {  // after every shape is known good: one pass over each ranged input
+    const InputSpec& spec = specs[i];
+    if ((!spec.low && !spec.high) || inputs[i].numel() == 0) continue;
+    const auto [smallest_t, largest_t] = at::aminmax(inputs[i]);
+    const int64_t smallest = smallest_t.item<int64_t>(), largest = largest_t.item<int64_t>();
+    if ((spec.low && smallest < *spec.low) || (spec.high && largest >= *spec.high)) {
+      const std::string accepted = (spec.low ? std::to_string(*spec.low) : "-inf") + " to " +
+                                   (spec.high ? std::to_string(*spec.high - 1) : "inf");
+      throw Error(Error::Kind::Input, "input '" + spec.name + "' holds values from " + std::to_string(smallest) +
+                                          " to " + std::to_string(largest) + "; the package accepts " + accepted +
+                                          " (module.inputs." + spec.name +
+                                          ".low/high): a value outside would make its code read out of bounds");
     }
   }
 }

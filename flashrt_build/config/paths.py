@@ -71,23 +71,37 @@ def check_output_dir(output_dir: Path, output_root: Path, cwd: Path, given: str 
         )
 
 
-def check_readable_file(key: str, value: str, path: Path) -> None:
-    """A file the build will read: there, a file, readable."""
-    if not path.exists():
-        raise ConfigError(key, value, f"no such file ({path})")
-    if not path.is_file():
-        raise ConfigError(key, value, f"is a directory, not a file ({path})")
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise ConfigError(key, value, f"cannot be read ({exc.strerror or exc})") from None
-
-
 def check_config_dir(key: str, path: str | Path) -> None:
-    """A directory of the user's configs must be one: Hydra would say only
-    that it was "not found"."""
+    """A directory of the user's configs must be one (Hydra would say only
+    that it was "not found"), and each of its YAML files must parse (Hydra
+    would print a traceback from deep inside its loader)."""
     if not Path(path).exists():
         raise ConfigError(key, str(path), "no such directory")
     if not Path(path).is_dir():
         raise ConfigError(key, str(path), "is a file, not a directory of configs")
+    from omegaconf import OmegaConf
+
+    for file in sorted(Path(path).rglob("*.yaml")):
+        try:
+            OmegaConf.load(file)
+        except Exception as exc:
+            why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise ConfigError(key, str(path), f"{file} is not valid YAML: {why}") from None
+
+
+def check_temp_dir() -> None:
+    """The temp dir (TMPDIR) holds Inductor's compile and every loaded package's
+    unpacked files; one that is not a writable directory fails the build late
+    and obscurely, so refuse it first."""
+    value = os.environ.get("TMPDIR")
+    if not value:
+        return
+    why = None
+    if not Path(value).is_dir():
+        why = "no such directory" if not Path(value).exists() else "is not a directory"
+    elif not os.access(value, os.W_OK | os.X_OK):
+        why = "is not writable"
+    if why:
+        raise ConfigError(
+            "TMPDIR", value, f"{why}: builds compile, and packages load, in the temp dir", "environment variable"
+        )

@@ -125,6 +125,9 @@ class VerifyConfig:
     timeout: float = 600.0
     # Time the package against eager and torch.compile in the verification process.
     bench: bool = False
+    # An output eager gives as all NaN or Inf has nothing to compare: it fails
+    # verification unless this says that is expected (and the package agrees).
+    allow_nonfinite: bool = False
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +16,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError, raise_all
-from .paths import check_output_dir, check_readable_file, check_writable
+from .checkpoint import check_checkpoint_file
+from .compiler import check_compiler, compiler_path, march_rejected
+from .paths import check_output_dir, check_temp_dir, check_writable
 from .schema import WeightsMode, unknown_keys
 
 # torch dtype names accepted in configs, with the usual short aliases.
@@ -42,6 +43,7 @@ DTYPES = {
     "bool": "bool",
 }
 FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
+INTEGER_DTYPES = {"int64", "int32", "int16", "int8", "uint8"}
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 # TF32 keeps 10 mantissa bits, like float16: float32 builds that allow it get float16's tolerances.
 TF32_TOLERANCES = (1e-2, 1e-2)
@@ -61,6 +63,9 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: str
     dynamic: Mapping[int, DimSpec]
+    # The values an integer input may hold, low inclusive, high exclusive (a
+    # token id below the vocabulary size); None: not declared. Examples are
+    # drawn from it and every call of the package is checked against it.
     low: int | None
     high: int | None
     positional: bool
@@ -74,6 +79,8 @@ class InputSpec:
                 str(axis): {"name": d.name, "min": d.min, "max": d.max} for axis, d in sorted(self.dynamic.items())
             },
             "positional": self.positional,
+            "low": self.low,
+            "high": self.high,
         }
 
 
@@ -118,6 +125,7 @@ class BuildSpec:
     verify: bool
     atol: float | None
     rtol: float | None
+    allow_nonfinite: bool
     repeat: int
     verify_timeout: float
     bench: bool
@@ -299,7 +307,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     checkpoint = module.get("checkpoint")
     checkpoint_path = (cwd / checkpoint) if checkpoint else None
     if checkpoint_path is not None:
-        check(check_readable_file, "module.checkpoint", checkpoint, checkpoint_path)
+        check(check_checkpoint_file, "module.checkpoint", checkpoint, checkpoint_path)
 
     verify = config["verify"]
     for key in ("atol", "rtol"):
@@ -316,12 +324,24 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     if threads is not None and threads < 1:
         problems.append(ConfigError("threads", threads, "expected a thread count >= 1, or null for all cores"))
     cxx = config["toolchain"]["cxx"]
-    if cxx is not None and shutil.which(cxx) is None:
-        problems.append(ConfigError("toolchain.cxx", cxx, "no such compiler on PATH"))
+    before_compiler = len(problems)
+    check(check_compiler, cxx)
+    compiler_found = len(problems) == before_compiler
+    check(check_temp_dir)
     options = flatten_options(config["inductor"]["options"] or {})
     if cxx is not None:
         options["cpp.cxx"] = cxx
     options.update(profile_options(config))
+    march = options.get("cpp.march")
+    if march and compiler_found:
+        rejected = march_rejected(compiler_path(cxx), str(march))
+        if rejected:
+            key = (
+                "target.march"
+                if config["target"].get("march") or config.get("release")
+                else "inductor.options.cpp.march"
+            )
+            problems.append(ConfigError(key, march, f"{compiler_path(cxx)} rejects -march={march}: {rejected}"))
     output_dir = check(derive_output_dir, config, cwd)
     before_paths = len(problems)
     output_root = (cwd / config["output_root"]).resolve()
@@ -356,6 +376,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         verify=bool(verify["enabled"]),
         atol=TF32_TOLERANCES[0] if verify["atol"] is None and tf32 and dtype == "float32" else verify["atol"],
         rtol=TF32_TOLERANCES[1] if verify["rtol"] is None and tf32 and dtype == "float32" else verify["rtol"],
+        allow_nonfinite=bool(verify["allow_nonfinite"]),
         repeat=int(verify["repeat"]),
         verify_timeout=float(verify["timeout"]),
         bench=bool(verify["bench"]),
@@ -457,8 +478,9 @@ def _resolve_input(name: str, raw: Mapping[str, Any], method_key: str = "module"
             )
         dynamic[axis] = DimSpec(name=rng.get("name") or f"{name}_{axis}", min=lo, max=hi)
     low, high = raw.get("low"), raw.get("high")
-    if (low is not None or high is not None) and dtype in FLOAT_DTYPES:
-        raise ConfigError(f"{key}.low", low, "low/high apply to integer inputs only")
+    if (low is not None or high is not None) and dtype not in INTEGER_DTYPES:
+        which = "low" if low is not None else "high"
+        raise ConfigError(f"{key}.{which}", raw[which], f"low/high apply to integer inputs only; this one is {dtype}")
     if low is not None and high is not None and high <= low:
         raise ConfigError(f"{key}.high", high, f"expected high > low = {low}")
     return InputSpec(name, shape, dtype, dynamic, low, high, bool(raw.get("positional")))

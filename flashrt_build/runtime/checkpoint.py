@@ -7,38 +7,69 @@ before binding, because torch accepts a wrong shape silently.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..config.checkpoint import checkpoint_format
 from ..errors import ConfigError, WeightsMismatch, first_lines
 from .manifest import read_manifest
 
 
-def read_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """A state dict from a safetensors file or a torch file, never unpickling code."""
+def read_checkpoint(
+    path: Path, device: str | torch.device = "cpu", key: str = "module.checkpoint", kind: str = "config key"
+) -> dict[str, torch.Tensor]:
+    """A state dict from a safetensors file or a torch file, never unpickling
+    code. What is wrong with the file is a ConfigError naming `key`, which is
+    a config key or, for `load(weights=...)` and `check`, an argument (`kind`)."""
     path = Path(path)
-    if path.suffix == ".safetensors":
+    if _format(path, key, kind) == "safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path), device=str(device))
+        try:
+            return load_file(str(path), device=str(device))
+        except Exception as exc:
+            raise ConfigError(
+                key, str(path), f"is not a readable safetensors file ({first_lines(exc)})", kind
+            ) from None
     try:
         state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ConfigError(
+            key,
+            str(path),
+            f"holds objects that need code to unpickle, which is never run ({first_lines(exc, 1)})",
+            kind,
+        ) from None
     except Exception as exc:
-        raise ConfigError("module.checkpoint", str(path), f"not a readable state dict ({first_lines(exc)})") from None
+        raise ConfigError(key, str(path), f"is not a readable state dict ({first_lines(exc)})", kind) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # the Lightning layout
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError("module.checkpoint", str(path), "expected a mapping of names to tensors")
+        raise ConfigError(key, str(path), "expected a mapping of names to tensors", kind)
     return state
 
 
-def checkpoint_table(path: Path) -> dict[str, tuple[list[int], str]]:
+def _format(path: Path, key: str, kind: str) -> str:
+    try:
+        return checkpoint_format(path)
+    except FileNotFoundError:
+        raise ConfigError(key, str(path), "no such file", kind) from None
+    except OSError as exc:
+        raise ConfigError(key, str(path), f"cannot be read ({exc.strerror or exc})", kind) from None
+    except ValueError as exc:
+        raise ConfigError(key, str(path), f"is {exc}", kind) from None
+
+
+def checkpoint_table(
+    path: Path, key: str = "module.checkpoint", kind: str = "config key"
+) -> dict[str, tuple[list[int], str]]:
     """Name -> (shape, dtype) of a checkpoint, reading no tensor data if it is safetensors."""
     path = Path(path)
-    if path.suffix == ".safetensors":
+    if _format(path, key, kind) == "safetensors":
         from safetensors import safe_open
 
         table = {}
@@ -47,7 +78,7 @@ def checkpoint_table(path: Path) -> dict[str, tuple[list[int], str]]:
                 sl = f.get_slice(name)
                 table[name] = (list(sl.get_shape()), _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype()))
         return table
-    return {name: (list(t.shape), dtype_name(t.dtype)) for name, t in read_checkpoint(path, "meta").items()}
+    return {name: (list(t.shape), dtype_name(t.dtype)) for name, t in read_checkpoint(path, "meta", key, kind).items()}
 
 
 _SAFETENSORS_DTYPES = {
@@ -94,14 +125,45 @@ def match_names(
     return chosen, missing, unexpected
 
 
+def expected_stride(entry: Mapping[str, Any]) -> list[int]:
+    """The strides a package reads a tensor with: the build's own (manifests
+    record them), else row-major. A compiled kernel indexes with them, so a
+    tensor of the right shape laid out otherwise gives wrong answers, silently."""
+    if entry.get("stride") is not None:
+        return list(entry["stride"])
+    stride, step = [], 1
+    for size in reversed(entry["shape"]):
+        stride.append(step)
+        step *= max(size, 1)
+    return stride[::-1]
+
+
+def same_layout(stride: Iterable[int], entry: Mapping[str, Any]) -> bool:
+    """Do `stride` and the package agree? Axes of size 1 are never stepped along."""
+    return all(s == e for s, e, n in zip(stride, expected_stride(entry), entry["shape"], strict=True) if n > 1)
+
+
+def laid_out(tensor: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:
+    """`tensor` (read from a file, row-major) with the strides the package reads: a
+    copy only for a tensor the build held in another layout (a transposed view)."""
+    if same_layout(tensor.stride(), entry):
+        return tensor
+    return torch.empty_strided(tensor.shape, expected_stride(entry), dtype=tensor.dtype, device=tensor.device).copy_(
+        tensor
+    )
+
+
 def compare(
     entries: list[Mapping[str, Any]],
     table: Mapping[str, tuple[list[int], str]],
     device: torch.device | None = None,
     devices: Mapping[str, torch.device] | None = None,
     unused: Iterable[str] = (),
+    strides: Mapping[str, Iterable[int]] | None = None,
 ) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """Every difference between a package's tensors and a checkpoint, by kind."""
+    """Every difference between a package's tensors and a checkpoint, by kind.
+    `strides`: of tensors bound as they are (the caller's own), which must be
+    laid out as the package reads them; a file's are laid out when read."""
     chosen, missing, unexpected = match_names(entries, table, unused)
     by_fqn = {e["fqn"]: e for e in entries}
     problems: dict[str, list[str]] = {"missing": missing, "unexpected": unexpected}
@@ -114,6 +176,11 @@ def compare(
             problems.setdefault("wrong dtype", []).append(f"{name} {dtype} (package expects {want['dtype']})")
         if device is not None and devices is not None and not _same_device(devices[name], device):
             problems.setdefault("wrong device", []).append(f"{name} on {devices[name]} (package runs on {device})")
+        if strides is not None and list(shape) == want["shape"] and not same_layout(strides[name], want):
+            problems.setdefault("wrong strides", []).append(
+                f"{name} strides {list(strides[name])} (package expects {expected_stride(want)}: "
+                "bind a .contiguous() copy, or the build's layout)"
+            )
     return chosen, {kind: names for kind, names in problems.items() if names}
 
 
@@ -125,10 +192,11 @@ def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str
     """Does `checkpoint` fit the package in `output_dir`? Every difference, by
     kind; empty when it fits. Loads neither the package nor tensor data."""
     manifest = read_manifest(Path(output_dir))
-    if not Path(checkpoint).is_file():
-        raise ConfigError("checkpoint", str(checkpoint), "no such file")
+    if Path(checkpoint).is_dir():
+        raise ConfigError("CHECKPOINT", str(checkpoint), "is a directory, not a checkpoint file", "argument")
     weights = manifest["weights"]
-    _, problems = compare(weights["tensors"], checkpoint_table(Path(checkpoint)), unused=weights.get("unused", []))
+    table = checkpoint_table(Path(checkpoint), "CHECKPOINT", "argument")
+    _, problems = compare(weights["tensors"], table, unused=weights.get("unused", []))
     return problems
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..artifact import MANIFEST
 from ..config.spec import SINGLE_MODEL, tf32_policy
 from ..errors import ArtifactError, WeightsMismatch
-from .checkpoint import compare, dtype_name, read_checkpoint
+from .checkpoint import compare, dtype_name, laid_out, read_checkpoint
 from .gpu import check_gpu_arch, fp32_precision, gpu_of
-from .manifest import STATE_KWARG, altered_digest, manifest_methods, method_bindings, read_manifest
+from .manifest import STATE_KWARG, altered_digest, check_contract, manifest_methods, method_bindings, read_manifest
 
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
@@ -51,11 +52,13 @@ class PackageMethod:
         self._positional = [i["name"] for i in entry["inputs"] if i["positional"]]
         self._keyword = [i["name"] for i in entry["inputs"] if not i["positional"]]
         self._order = self._positional + self._keyword
-        self._check = InputCheck(entry["inputs"], device)
+        self._check = InputCheck(entry["inputs"], device, self._kwargs_key.removesuffix(".kwargs"))
         self._direct = DirectCall.of(runner, self._positional, set(self._keyword), set(self._constant_kwargs))
         self._tf32 = tf32
         self._shared_state = state
         self._state_names = list(entry.get("state") or [])
+        # Constants the method returns (None, an int): the compiled code gives them back as tensors.
+        self._constants = [(i, o["value"]) for i, o in enumerate(entry.get("outputs") or []) if "value" in o]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) > len(self._order):
@@ -94,11 +97,15 @@ class PackageMethod:
             args = [bound[n] for n in self._positional]
             kwargs = {**{n: bound[n] for n in self._keyword}, **self._constant_kwargs}
             out = self.runner(*args, **kwargs, **({STATE_KWARG: state} if state else {}))
-        if not state:
-            return out
-        out, new_state = out
-        for name, tensor in state.items():
-            tensor.copy_(new_state[name])
+        if state:
+            out, new_state = out
+            for name, tensor in state.items():
+                tensor.copy_(new_state[name])
+        if self._constants:
+            leaves, spec = pytree.tree_flatten(out)
+            for index, value in self._constants:
+                leaves[index] = value
+            out = pytree.tree_unflatten(leaves, spec)
         return out
 
 
@@ -212,9 +219,17 @@ class InputCheck:
     wrong shape silently, reading out of bounds. The rules are read from the
     manifest once; a call only compares."""
 
-    def __init__(self, specs: list[dict[str, Any]], device: torch.device) -> None:
+    def __init__(self, specs: list[dict[str, Any]], device: torch.device, key: str = "module") -> None:
         self._device_type = device.type
         self._device = device
+        self._key = key
+        # Declared value ranges (token ids): a value outside one would make the
+        # compiled code read out of bounds, which aborts the process.
+        self._ranges = [
+            (spec["name"], spec.get("low"), spec.get("high"))
+            for spec in specs
+            if spec.get("low") is not None or spec.get("high") is not None
+        ]
         self._rules = [
             (
                 spec["name"],
@@ -261,6 +276,19 @@ class InputCheck:
                     raise ValueError(
                         f"inputs '{first[1]}' and '{name}' share dim '{dim}' but have sizes {first[0]} and {size}"
                     )
+        for name, low, high in self._ranges:
+            self._check_range(name, inputs[name], low, high)
+
+    def _check_range(self, name: str, value: torch.Tensor, low: int | None, high: int | None) -> None:
+        if not value.numel():
+            return
+        smallest, largest = (int(v) for v in torch.aminmax(value))  # one pass, one sync on a GPU
+        if (low is not None and smallest < low) or (high is not None and largest >= high):
+            accepted = f"{'-inf' if low is None else low} to {'inf' if high is None else high - 1}"
+            raise ValueError(
+                f"input '{name}' holds values from {smallest} to {largest}; the package accepts {accepted} "
+                f"({self._key}.inputs.{name}.low/high): a value outside would make its code read out of bounds"
+            )
 
 
 def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
@@ -286,6 +314,7 @@ def open_package(
 ) -> LoadedModule:
     """Load a package whose manifest is already read (build uses it before publishing)."""
     package = check_file(output_dir, manifest["package"], "the package")
+    check_contract(package, manifest, output_dir / MANIFEST)
     device = torch.device(device if device is not None else manifest["target"]["device"])
     check_gpu_arch(manifest["toolchain"].get("gpu"), device, gpu_of(str(device)))
     external = manifest["weights"]["mode"] == "external"
@@ -295,20 +324,24 @@ def open_package(
 
     entries = manifest["weights"]["tensors"]
     source, tensors = _weights_source(weights, host, sidecar, device)
+    borrowed = isinstance(weights, Mapping) or (weights is None and host is not None)
     bound: dict[str, torch.Tensor] = {}
     if tensors is not None:
         threaded = {t["fqn"] for t in (manifest.get("state") or {}).get("tensors", [])}
         tensors = {name: t for name, t in tensors.items() if name not in threaded}  # bound as state, below
         table = {name: (list(t.shape), dtype_name(t.dtype)) for name, t in tensors.items()}
         devices = {name: t.device for name, t in tensors.items()}
-        chosen, problems = compare(entries, table, device, devices, manifest["weights"].get("unused", []))
+        # The caller's tensors are bound as they are (borrowed), so their layout must be the package's.
+        strides = {name: t.stride() for name, t in tensors.items()} if borrowed else None
+        chosen, problems = compare(entries, table, device, devices, manifest["weights"].get("unused", []), strides)
         if problems:
             raise WeightsMismatch(problems, source)
-        bound = {fqn: tensors[name] for fqn, name in chosen.items()}
+        by_fqn = {e["fqn"]: e for e in entries}
+        bound = {fqn: laid_out(tensors[name], by_fqn[fqn]) for fqn, name in chosen.items()}
         if external and len(bound) < len(entries):
             # constants of the forward's code, non-persistent buffers: the build's values
             defaults = read_checkpoint(sidecar(), device)
-            bound.update({e["fqn"]: defaults[e["fqn"]] for e in entries if e["fqn"] not in bound})
+            bound.update({e["fqn"]: laid_out(defaults[e["fqn"]], e) for e in entries if e["fqn"] not in bound})
 
     state = _state_source(output_dir, manifest, weights if isinstance(weights, Mapping) else None, host, device)
     _import_output_types(manifest["module"]["target"])
@@ -363,7 +396,7 @@ def _weights_source(
     if isinstance(weights, (str, Path)):
         if not Path(weights).is_file():
             raise ArtifactError(f"weights file {weights} does not exist")
-        return str(weights), read_checkpoint(Path(weights), device)
+        return str(weights), read_checkpoint(Path(weights), device, "weights", "argument")
     if isinstance(weights, Mapping):
         return "the given mapping", weights
     if host is not None:

@@ -60,13 +60,25 @@ WRAPPED = "module"
 
 @contextlib.contextmanager
 def calling(module: torch.nn.Module, method: MethodSpec) -> Iterator[None]:
-    """While inside, `module.forward` is the method to export: torch.export
-    traces forward, and this way the weights keep their own names."""
-    if method.attr == "forward":
+    """While inside, `module.forward` is the method to export with its
+    constant keyword arguments bound, taking only the tensor inputs. torch.export
+    traces forward, so the weights keep their own names; and a constant among
+    its inputs (`return_dict=False`) would need a dynamic-shape spec of its own."""
+    if method.attr == "forward" and not method.kwargs:
         yield
         return
+    bound, constants = getattr(module, method.attr), dict(method.kwargs)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return bound(*args, **kwargs, **constants)
+
+    P = inspect.Parameter
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [P(i.name, P.POSITIONAL_OR_KEYWORD) for i in method.inputs if i.positional]
+        + [P(i.name, P.KEYWORD_ONLY) for i in method.inputs if not i.positional]
+    )
     own = module.__dict__.get("forward")
-    module.forward = getattr(module, method.attr)
+    module.forward = forward
     try:
         yield
     finally:
@@ -134,12 +146,8 @@ def export_module(
     """`torch.export.export` of one method (the default one unless given) with
     its dynamic shapes, errors made plain and naming the method."""
     method = method or spec.default_method
-    try:
-        with calling(module, method):
-            program = _export(module, spec, method, example.args, example.kwargs, dynamic_shapes)
-    except ExportError:
-        _check_eager_call(module, spec, method, example)
-        raise
+    with calling(module, method):
+        program = _export(module, spec, method, example.args, example.kwargs, dynamic_shapes)
     mutated = mutated_buffers(program, spec)
     if not mutated:
         return Exported(method, program)
@@ -159,20 +167,6 @@ def export_module(
     if left:
         raise ExportError(f"{spec.target} still mutates buffers {left} after threading them as state")
     return Exported(method, program, mutated)
-
-
-def _check_eager_call(module: torch.nn.Module, spec: BuildSpec, method: MethodSpec, example: ExampleInputs) -> None:
-    """When export fails, say so plainly if the method fails without export too."""
-    try:
-        with torch.no_grad():
-            getattr(module, method.attr)(*example.args, **example.kwargs)
-    except Exception as exc:
-        shapes = {k: list(v.shape) for k, v in example.kwargs.items() if isinstance(v, torch.Tensor)}
-        shapes |= {f"arg{i}": list(a.shape) for i, a in enumerate(example.args)}
-        raise ExportError(
-            f"the {method.attr} of {spec.target} raises {type(exc).__name__} on the example inputs {shapes}, "
-            f"without torch.export: {first_lines(exc)} (check {method.key}.inputs)"
-        ) from exc
 
 
 def _shape_of(shapes: Any, value: Any) -> Any:

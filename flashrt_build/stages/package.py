@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import fcntl
+import io
+import json
 import re
 import shutil
 import tempfile
@@ -16,7 +19,8 @@ from typing import Any
 import torch
 
 from ..config.schema import WeightsMode
-from ..errors import CompileError, ConfigError, first_lines, raise_all
+from ..errors import BuildError, CompileError, ConfigError, first_lines, raise_all
+from ..runtime.manifest import CONTRACT_MEMBER, read_contract
 
 # Options flashrt_build sets itself, whatever the profile says.
 FORCED_OPTIONS: dict[str, Any] = {
@@ -86,21 +90,106 @@ def compile_package(
 def _compile(
     program: torch.export.ExportedProgram, options: Mapping[str, Any], package_path: Path, target: str
 ) -> Path:
+    package = _GuardedFile(package_path)
     try:
-        path = torch._inductor.aoti_compile_and_package(
-            program, package_path=str(package_path), inductor_configs=dict(options)
-        )
+        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=dict(options))
     except Exception as exc:
-        raise CompileError(
-            f"AOTInductor failed to compile {target} ({type(exc).__name__}): {first_lines(exc, 4)}"
-        ) from exc
-    return Path(path)
+        if package.error is None:
+            no_space = no_space_left(exc)
+            if no_space:
+                raise BuildError(f"no space left on the temp dir, where Inductor compiles: {no_space}") from exc
+            raise CompileError(
+                f"AOTInductor failed to compile {target} ({type(exc).__name__}): {first_lines(exc, 4)}"
+            ) from exc
+    finally:
+        package.close()
+    if package.error is not None:
+        raise BuildError(f"writing the package to {package_path} failed: {package.error}") from package.error
+    return package_path
+
+
+def no_space_left(exc: BaseException) -> str | None:
+    """The message of a "no space left on device" anywhere in an exception's chain, else None."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left on device" in str(seen):
+            return first_lines(seen, 1)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class _GuardedFile(io.RawIOBase):
+    """The package file as torch's archive writer sees it. torch writes the
+    archive in C++ and finishes it in a destructor; when a write fails there
+    (a full disk), the destructor throws and the process aborts. Here a failed
+    write is recorded and the rest skipped, so the build reports it instead."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._file = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        if self.error is None:
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                self.error = exc
+        return size
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.error is None:
+            try:
+                return self._file.seek(offset, whence)
+            except OSError as exc:
+                self.error = exc
+        return 0
+
+    def tell(self) -> int:
+        return self._file.tell() if self.error is None else 0
+
+    def close(self) -> None:
+        if not self._file.closed:
+            try:
+                self._file.close()
+            except OSError as exc:
+                self.error = self.error or exc
+        super().close()
+
+
+def seal_package(package_path: Path, contract: Mapping[str, Any], already: bool = False) -> None:
+    """Record what a load relies on inside the package (`CONTRACT_MEMBER`),
+    whose digest the manifest records, so an edited manifest is refused. A
+    package reused from the store (`already`) carries it: it must agree."""
+    if already:
+        if read_contract(package_path) != contract:
+            raise CompileError(f"the stored package {package_path} was built for another contract; clean the store")
+        return
+    with zipfile.ZipFile(package_path, "a") as archive:
+        folder = archive.namelist()[0].partition("/")[0]
+        # fixed metadata and order: a release build stays byte-for-byte reproducible
+        member = zipfile.ZipInfo(f"{folder}/{CONTRACT_MEMBER}", date_time=(1980, 1, 1, 0, 0, 0))
+        archive.writestr(member, json.dumps(contract, sort_keys=True, separators=(",", ":")))
 
 
 # Where a model's compiled files live inside a .pt2 archive.
 _MODEL_DIR = re.compile(r"^[^/]+/data/aotinductor/([^/]+)/([^/]+)$")
 # What an AOTInductor package holds besides its models' files.
-_ARCHIVE_RECORDS = {"archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id"}
+_ARCHIVE_RECORDS = {
+    "archive_format",
+    "archive_version",
+    ".data/version",
+    "byteorder",
+    ".data/serialization_id",
+    CONTRACT_MEMBER,
+}
 
 
 def package_constant_fqns(path: Path, model: str | None = None) -> list[str]:

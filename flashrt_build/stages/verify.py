@@ -55,9 +55,16 @@ class LeafResult:
     atol: float
     rtol: float
     passed: bool
+    # How many values were compared: the finite ones of eager's output. Zero for
+    # a non-empty tensor means nothing was compared (all NaN or Inf), not a match.
+    compared: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @property
+    def nothing_compared(self) -> bool:
+        return self.compared == 0 and math.prod(self.shape) > 0
 
 
 def tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
@@ -65,24 +72,34 @@ def tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tu
     return (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
 
 
-def compare_outputs(out: Any, ref: Any, atol: float | None, rtol: float | None) -> list[LeafResult]:
+def compare_outputs(
+    out: Any, ref: Any, atol: float | None, rtol: float | None, allow_nonfinite: bool = False
+) -> list[LeafResult]:
     """Compare every leaf of two output trees (tuples, dicts, model outputs)."""
     out_leaves, out_spec = pytree.tree_flatten(out)
     ref_leaves, ref_spec = pytree.tree_flatten(ref)
     if out_spec != ref_spec:
         raise VerifyError(f"the package returns a different output structure: {out_spec} instead of {ref_spec}")
-    return compare_leaves(out_leaves, ref, atol, rtol)
+    return compare_leaves(out_leaves, ref, atol, rtol, allow_nonfinite)
 
 
-def compare_leaves(out_leaves: list[Any], ref: Any, atol: float | None, rtol: float | None) -> list[LeafResult]:
+def compare_leaves(
+    out_leaves: list[Any], ref: Any, atol: float | None, rtol: float | None, allow_nonfinite: bool = False
+) -> list[LeafResult]:
+    """`allow_nonfinite`: a leaf eager gives as all NaN or Inf passes when the
+    package gives the same; otherwise nothing could be compared, and it fails."""
     paths = [pytree.keystr(p) or "output" for p, _ in pytree.tree_flatten_with_path(ref)[0]]
     ref_leaves = pytree.tree_leaves(ref)
-    return [_compare_leaf(path, o, r, atol, rtol) for path, o, r in zip(paths, out_leaves, ref_leaves, strict=True)]
+    leaves = [_compare_leaf(path, o, r, atol, rtol) for path, o, r in zip(paths, out_leaves, ref_leaves, strict=True)]
+    for leaf in leaves:
+        if leaf.nothing_compared and not allow_nonfinite:
+            leaf.passed = False
+    return leaves
 
 
 def _compare_leaf(path: str, out: Any, ref: Any, atol: float | None, rtol: float | None) -> LeafResult:
-    if not isinstance(ref, torch.Tensor):
-        equal = out == ref
+    if not isinstance(ref, torch.Tensor):  # a constant (None, an int): the same value, or a failure
+        equal = type(out) is type(ref) and bool(out == ref)
         err = 0.0 if equal else math.inf
         return LeafResult(path, [], type(ref).__name__, err, err, 0.0, 0.0, equal)
     a, r = tolerances(ref.dtype, atol, rtol)
@@ -101,7 +118,7 @@ def _compare_leaf(path: str, out: Any, ref: Any, atol: float | None, rtol: float
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
     ref_norm = float(r64[finite].norm()) if diff.numel() else 0.0
     rel = float(diff.norm()) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
-    return LeafResult(path, list(ref.shape), dtype, max_abs, rel, a, r, max_abs <= a or rel <= r)
+    return LeafResult(path, list(ref.shape), dtype, max_abs, rel, a, r, max_abs <= a or rel <= r, diff.numel())
 
 
 @dataclass
@@ -227,11 +244,11 @@ def verify(
     for call, ref, out in zip(calls, references, result["outputs"], strict=True):
         if out["spec"] != str(pytree.tree_flatten(ref)[1]):
             raise VerifyError(f"the package returns a different output structure at {call.label}: {out['spec']}")
-        leaves = compare_leaves(out["leaves"], ref, spec.atol, spec.rtol)
+        leaves = compare_leaves(out["leaves"], ref, spec.atol, spec.rtol, spec.allow_nonfinite)
         probes.append({"label": call.label, "sizes": call.sizes, "outputs": leaves})
         _raise_on_mismatch(leaves, call.label)
     state_leaves = compare_leaves(
-        [result["state"][n] for n in state], [ref_state[n] for n in state], spec.atol, spec.rtol
+        [result["state"][n] for n in state], [ref_state[n] for n in state], spec.atol, spec.rtol, spec.allow_nonfinite
     )
     for leaf, name in zip(state_leaves, state, strict=True):
         leaf.path = f"state.{name}"
@@ -244,6 +261,11 @@ def verify(
 
 def _raise_on_mismatch(leaves: list[LeafResult], where: str) -> None:
     for leaf in leaves:
+        if not leaf.passed and leaf.nothing_compared:
+            raise VerifyError(
+                f"package output {leaf.path} has no finite values to compare at {where}: eager's is all NaN or Inf "
+                "(the package's too, or it would differ); set verify.allow_nonfinite=true if that is expected"
+            )
         if not leaf.passed:
             raise VerifyError(
                 f"package output {leaf.path} differs from eager at {where}: max_abs_err={leaf.max_abs_err:.3g} "

@@ -35,6 +35,8 @@ class WeightTensor:
             "fqn": self.fqn,
             "shape": list(self.tensor.shape),
             "dtype": str(self.tensor.dtype).removeprefix("torch."),
+            # the layout the compiled code reads it with (the sidecar holds it row-major)
+            "stride": list(self.tensor.stride()),
             "kind": self.kind,
             "sha256": tensor_sha256(self.tensor),
         }

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..errors import FlashrtError, log_failure, quiet_known_warnings
+from ..errors import FlashrtError, UnexpectedError, log_failure, quiet_known_warnings
 from .job import BUILD_CONFIG, BUILD_RESULT, failure
 
 log = logging.getLogger("flashrt_build")
@@ -34,9 +34,10 @@ def main(job_dir: Path) -> int:
     except FlashrtError as exc:
         log_failure(log, exc)
         outcome = failure(exc)
-    except Exception as exc:  # not raised on purpose: a bug, reported as this job's failure
-        log.exception("unexpected error")
-        outcome = failure(exc, exit_code=1)
+    except Exception as exc:  # not raised on purpose: reported as this job's failure, in one line
+        unexpected = UnexpectedError(exc)
+        log_failure(log, unexpected)
+        outcome = failure(unexpected)
     (job_dir / BUILD_RESULT).write_text(json.dumps(outcome) + "\n")
     return int(outcome.get("exit_code", 0))
 

@@ -225,7 +225,11 @@ def test_release_allows_the_shipped_zoo_plus_user_patterns() -> None:
         ),
         ("++verify.repet=2", "verify.repet", "did you mean verify.repeat?"),
         ("+target.devise=cuda", "target.devise", "did you mean target.device?"),
-        ("++verify.zzz=1", "verify.zzz", "valid keys under verify: atol, bench, enabled, repeat, rtol, timeout"),
+        (
+            "++verify.zzz=1",
+            "verify.zzz",
+            "valid keys under verify: allow_nonfinite, atol, bench, enabled, repeat, rtol, timeout",
+        ),
     ],
 )
 def test_a_key_the_schema_lacks_is_refused_naming_the_closest_valid_key(override: str, key: str, hint: str) -> None:

@@ -59,6 +59,11 @@ struct InputSpec {
   at::ScalarType dtype;
   std::vector<DynamicDim> dynamic;
   bool positional;
+  // The values an integer input may hold, [low, high) (a token id below the
+  // vocabulary size); unset where the config declared none. Every call checks
+  // them: a value outside would make the compiled code read out of bounds.
+  std::optional<int64_t> low;
+  std::optional<int64_t> high;
 };
 
 // Where open() spent its time, for logs and benchmarks.
@@ -109,8 +114,9 @@ class Package {
   std::vector<at::Tensor> run(const TensorMap& inputs);
 
   // Throws Error(Kind::Input) naming the first input that does not fit: its
-  // dtype, device, rank, a static size, a dynamic size outside its range, or
-  // two inputs sharing a dynamic dim with different sizes. run() calls it.
+  // dtype, device, rank, a static size, a dynamic size outside its range, two
+  // inputs sharing a dynamic dim with different sizes, or a value outside its
+  // declared range. run() calls it.
   void check_inputs(const std::vector<at::Tensor>& inputs) const;
 
   const std::string& name() const;  // the module's name

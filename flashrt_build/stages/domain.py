@@ -1,0 +1,157 @@
+"""Stage 3, before the compile: the inputs the config declares against the
+eager module. Each input must be a parameter of the method it feeds, and the
+method must run on the example and at the edges of what the config promises
+(every dynamic dim at its max, every integer input at both ends of its
+range): a range the model cannot take (token ids above the vocabulary, a
+length beyond its positions) is the config's mistake, named by its key here,
+not a crash of the package after a compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..config.spec import INTEGER_DTYPES, BuildSpec, MethodSpec
+from ..errors import ConfigError, ExportError, first_lines, raise_all
+from .inputs import ExampleInputs, make_inputs
+
+
+def check_input_names(module: torch.nn.Module, spec: BuildSpec, method: MethodSpec) -> None:
+    """Every input and constant keyword argument names a parameter of the
+    method. Inputs must be named parameters even where the method takes
+    `**kwargs` (transformers forwards do: `pixel_value` for `pixel_values`
+    would reach the model and be ignored); a constant may go to `**kwargs`."""
+    try:
+        parameters = inspect.signature(getattr(module, method.attr)).parameters.values()
+    except (TypeError, ValueError):  # a builtin or a C extension: nothing to read
+        return
+    P = inspect.Parameter
+    named = {p.name: p for p in parameters if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}
+    takes_args = any(p.kind is P.VAR_POSITIONAL for p in parameters)
+    takes_kwargs = any(p.kind is P.VAR_KEYWORD for p in parameters)
+    owner = f"{type(module).__name__}.{method.attr}"
+    problems = []
+    for inp in method.inputs:
+        key = f"{method.key}.inputs.{inp.name}"
+        parameter = named.get(inp.name)
+        if parameter is None and not (inp.positional and takes_args):
+            problems.append(
+                ConfigError(key, inp.name, f"{owner} has no parameter '{inp.name}'{_hint(inp.name, named)}")
+            )
+        elif parameter is not None and parameter.kind is P.POSITIONAL_ONLY and not inp.positional:
+            problems.append(ConfigError(f"{key}.positional", False, f"{owner} takes '{inp.name}' by position only"))
+    for name in method.kwargs:
+        if name not in named and not takes_kwargs:
+            problems.append(
+                ConfigError(
+                    f"{method.key}.kwargs.{name}",
+                    method.kwargs[name],
+                    f"{owner} has no parameter '{name}'{_hint(name, named)}",
+                )  # fmt: skip
+            )
+    raise_all(problems)
+
+
+def _hint(name: str, named: dict[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(named), n=1)
+    return f"; did you mean '{close[0]}'?" if close else f"; its parameters: {', '.join(named) or 'none'}"
+
+
+def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodSpec) -> str:
+    """Run the eager method at the ends of every declared value range, on the
+    example, then with every dynamic dim at its max; returns what was checked,
+    for the log. A failure is narrowed down to the key to blame: one range's
+    end, one dim's max. Buffers the method writes are put back after."""
+    dims = {d.name: (inp, axis, d) for inp in method.inputs for axis, d in inp.dynamic.items()}
+    ranged = [i for i in method.inputs if i.dtype in INTEGER_DTYPES and (i.low is not None or i.high is not None)]
+    lows = {i.name: "low" for i in ranged}
+
+    def failure(sizes: dict[str, int] | None = None, edges: dict[str, str] | None = None) -> str | None:
+        return _eager_failure(module, method, make_inputs(spec, sizes=sizes, method=method, edges=edges))
+
+    with preserved_buffers(module):
+        if ranged and failure(edges=lows) is not None and failure(edges={n: "high" for n in lows}) is None:
+            for inp in ranged:  # the high ends run: a low end is wrong
+                found = failure(edges={**{n: "high" for n in lows}, inp.name: "low"})
+                if found is not None:
+                    raise _range_error(method, inp, "low", found)
+        for inp in ranged:
+            found = failure(edges={**lows, inp.name: "high"})
+            if found is not None and failure(edges=lows) is None:
+                raise _range_error(method, inp, "high", found)
+        found = failure()
+        if found is not None:
+            example = make_inputs(spec, method=method)
+            shapes = {name: list(t.shape) for name, t in _named(method, example).items()}
+            raise ExportError(
+                f"the {method.attr} of {spec.target} raises {found} on the example inputs {shapes}, "
+                f"without torch.export (check {method.key}.inputs)"
+            )
+        at_max = {name: d.max for name, (_, _, d) in dims.items()}
+        found = failure(at_max, {i.name: "both" for i in ranged})
+        if found is None:
+            return _checked(dims, ranged)
+        for name, (inp, axis, dim) in dims.items():
+            alone = failure({name: dim.max}, lows)
+            if alone is not None:
+                raise ConfigError(
+                    f"{method.key}.inputs.{inp.name}.dynamic.{axis}.max",
+                    dim.max,
+                    f"the eager {method.attr} raises {alone} with '{dim.name}' = {dim.max}; "
+                    "lower it to what the model accepts",
+                )
+        raise ConfigError(
+            f"{method.key}.inputs",
+            sorted(i.name for i in method.inputs),
+            f"the eager {method.attr} raises {found} with every dynamic dim at its max and integer inputs at "
+            "the ends of their ranges together, though not with any one alone",
+        )
+
+
+def _range_error(method: MethodSpec, inp: Any, end: str, found: str) -> ConfigError:
+    value = (inp.high - 1) if end == "high" else (inp.low if inp.low is not None else 0)
+    return ConfigError(
+        f"{method.key}.inputs.{inp.name}.{end}",
+        getattr(inp, end),
+        f"the eager {method.attr} raises {found} on the value {value}; declare the values the model "
+        f"accepts ({inp.name} in [low, high), high exclusive)",
+    )
+
+
+def _checked(dims: dict[str, Any], ranged: list[Any]) -> str:
+    parts = [f"{name} up to {d.max}" for name, (_, _, d) in dims.items()]
+    parts += [f"{i.name} in [{i.low if i.low is not None else 0}, {i.high})" for i in ranged]
+    return "eager runs " + (", ".join(parts) if parts else "the example")
+
+
+def _named(method: MethodSpec, example: ExampleInputs) -> dict[str, torch.Tensor]:
+    positional = iter(example.args)
+    return {i.name: next(positional) if i.positional else example.kwargs[i.name] for i in method.inputs}
+
+
+def _eager_failure(module: torch.nn.Module, method: MethodSpec, example: ExampleInputs) -> str | None:
+    """None when the eager method runs on `example`, else what it raised."""
+    try:
+        with torch.no_grad():
+            getattr(module, method.attr)(*example.args, **example.kwargs, **method.kwargs)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {first_lines(exc, 2)}"
+    return None
+
+
+@contextlib.contextmanager
+def preserved_buffers(module: torch.nn.Module) -> Iterator[None]:
+    """Buffers (a step counter, a KV cache) as they were before the calls inside."""
+    saved = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, buffer in module.named_buffers():
+                buffer.copy_(saved[name])
