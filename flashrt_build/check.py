@@ -1,5 +1,7 @@
 """`python -m flashrt_build.check OUTPUT_DIR CHECKPOINT`: does a checkpoint fit
-a built package? Exit 0 fits, 1 does not (every difference listed), 2 usage.
+a built package? Exit 0 fits, 1 does not (every difference listed), 2 it
+cannot check (no complete build at OUTPUT_DIR, a checkpoint that is not one)
+or the command line is wrong.
 
 Reads the manifest and the checkpoint's names, shapes and dtypes only: no
 package is loaded and nothing is compiled.
@@ -16,7 +18,7 @@ from .runtime.checkpoint import check_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m flashrt_build.check OUTPUT_DIR CHECKPOINT`: 0 fits, 1 does not, 2 usage."""
+    """`python -m flashrt_build.check OUTPUT_DIR CHECKPOINT`: 0 fits, 1 does not, 2 cannot check."""
     parser = argparse.ArgumentParser(
         prog="python -m flashrt_build.check", description="Check that a checkpoint fits a built package."
     )

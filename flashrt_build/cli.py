@@ -23,7 +23,7 @@ from .cache.key import COSMETIC_KEYS
 from .config.compose import CONF_DIR
 from .config.paths import check_config_dir, check_writable
 from .config.schema import register_schema
-from .errors import ConfigError, quiet_known_warnings
+from .errors import ConfigError, Interrupted, quiet_known_warnings, stop_on_signals
 from .stages.threads import default_parallel_jobs
 
 log = logging.getLogger("flashrt_build")
@@ -127,8 +127,12 @@ def main() -> None:
         except ConfigError as exc:
             print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
             sys.exit(exc.exit_code)
+    stop_on_signals()
     try:
         _hydra_main()
+    except Interrupted as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(exc.exit_code)
     except SystemExit as exc:
         # Hydra exits 1 on any composition error (unknown key, wrong type,
         # missing group option): that is the command line's fault, so exit 2.

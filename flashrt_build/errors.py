@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -103,6 +104,37 @@ def _innermost_frame(exc: BaseException) -> str | None:
     return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else None
 
 
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM during a command: unwinds it like an error,
+    so staging directories and locks are released on the way, but is no
+    error of the build's (a BaseException: nothing catches it as one)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signum).name
+        return f"interrupted by {name}: nothing was published; an earlier artifact at the output directory is as it was"
+
+
+def stop_on_signals() -> None:
+    """Turn the first SIGINT or SIGTERM into `Interrupted`; ignore later ones
+    while the command cleans up."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        for other in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(other, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupt)
+
+
 def log_failure(log: logging.Logger, exc: BaseException) -> None:
     """A failed build's one line (with its traceback when FLASHRT_TRACEBACK or
     HYDRA_FULL_ERROR is set), however the build was run."""
@@ -120,10 +152,14 @@ def first_lines(exc: BaseException, n: int = 3) -> str:
 def command_verdict(check: Callable[[], dict[str, list[str]]], passed: str, failed: str) -> int:
     """Run a checking command's check and print its verdict: exit 0 and
     `passed` when it finds nothing; 1, `failed` and one line per finding
-    (`  kind: item`) when it does; the error's exit code when it cannot check
-    (a ConfigError 2)."""
+    (`  kind: item`) when it does; 2 and the reason when it could not check at
+    all (not a build, an unreadable file, a wrong argument); a failed build
+    (repro's rebuild) is 1."""
     try:
         findings = check()
+    except (ArtifactError, ConfigError, OSError) as exc:
+        print(f"error: cannot check: {exc}", file=sys.stderr)
+        return 2
     except FlashrtError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

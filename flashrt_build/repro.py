@@ -2,7 +2,9 @@
 its own manifest and compare, like `nix build --check`.
 
 Exit 0 when every file is byte-identical, 1 otherwise (each differing file
-and, for the package, each differing zip member is named), 2 usage.
+and, for the package, each differing zip member is named) or when the
+rebuild fails, 2 when it cannot check (not a release build, no complete
+build, an unreadable file) or the command line is wrong.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """`python -m flashrt_build.store clean [OUTPUT_ROOT] [--all]`: remove store
-entries no output directory links to any more (or all of them)."""
+entries no output directory links to any more (or all of them). Exit 0
+cleaned (perhaps nothing), 2 no such output root or a wrong command line."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output_root", nargs="?", default="outputs", type=Path)
     parser.add_argument("--all", action="store_true", help="remove every entry, not only unreferenced ones")
     args = parser.parse_args(argv)
+    if not args.output_root.is_dir():
+        print(
+            f"error: no such output root: {args.output_root} (give the output_root your builds went to)",
+            file=sys.stderr,
+        )
+        return 2
     removed = Store(args.output_root).prune(everything=args.all)
     for entry in removed:
         print(f"removed {entry}")

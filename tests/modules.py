@@ -139,3 +139,57 @@ class BranchyMethod(nn.Module):
         if x.sum() > 0:
             return self.fc(x)
         return -self.fc(x)
+
+
+class FlagsAndConstants(nn.Module):
+    """A forward with a flag fixed at build time (`module.kwargs`), a weight
+    held in a transposed layout, and constant outputs beside the tensor:
+    `(y, None, 3)`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("mix", torch.randn(4, 4).t())  # strides (1, 4): not row-major
+
+    def forward(self, x: torch.Tensor, negate: bool = False) -> tuple[torch.Tensor, None, int]:
+        y = self.fc(x) @ self.mix
+        return (-y if negate else y), None, 3
+
+
+class AbortsWhenCompiled(nn.Module):
+    """Eager reads in range; the compiled code indexes past its table (it sees
+    `is_exporting()`), so the package aborts inside its own bounds check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        import flashrt_build
+
+        return self.table(ids + (100 if flashrt_build.is_exporting() else 0))
+
+
+class Vision(nn.Module):
+    """A transformers-style forward: named inputs and **kwargs for the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, pixel_values: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return self.fc(pixel_values)
+
+
+class RaisesInEval(nn.Module):
+    """Its `train()` (which `eval()` calls) raises something flashrt_build does not anticipate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def train(self, mode: bool = True) -> RaisesInEval:
+        raise LookupError("no such training mode")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)

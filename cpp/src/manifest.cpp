@@ -106,7 +106,8 @@ json load_contract(const json& doc) {
     }
   }
   json methods = json::object();
-  for (const auto& [name, e] : value_or_null(doc, "methods").items()) {
+  const json declared = value_or_null(doc, "methods");
+  for (const auto& [name, e] : declared.items()) {
     json method = json::object();
     for (const char* key : {"method", "model", "inputs", "outputs", "kwargs", "state"}) method[key] = value_or_null(e, key);
     methods[name] = std::move(method);

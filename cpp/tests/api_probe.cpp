@@ -95,6 +95,10 @@ int errors(char** argv) {
   expect_refusal("bind", [&] { pkg.bind(bad); });
   std::cout << "unchanged after refusal: " << (at::equal(pkg.run({x}).at(0), before) ? "yes" : "no") << "\n";
   expect_refusal("open with tensors", [&] { Package::open(dir, std::nullopt, bad); });
+  // The right shape in another layout: the compiled code would read it wrong.
+  TensorMap strided = owned(ckpt);
+  strided["fc1.weight"] = strided["fc1.weight"].t().contiguous().t();
+  expect_refusal("strides", [&] { pkg.bind(strided); });
 
   expect_refusal("no inputs", [&] { pkg.run(std::vector<at::Tensor>{}); });
   expect_refusal("undefined", [&] { pkg.run({at::Tensor()}); });

@@ -100,7 +100,9 @@ int main(int argc, char** argv) {
     std::vector<at::Tensor> outputs;
     for (long i = 0; i < args.calls; ++i) outputs = pkg.run(inputs);
     std::vector<std::pair<std::string, at::Tensor>> named;
-    for (size_t i = 0; i < outputs.size(); ++i) named.emplace_back(pkg.output_names().at(i), outputs[i]);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined()) named.emplace_back(pkg.output_names().at(i), outputs[i]);  // a None leaf: no tensor
+    }
     flashrt::save_safetensors(args.out, named);
     std::cout << pkg.name() << " on " << pkg.device() << ": " << args.calls << (args.calls == 1 ? " call" : " calls");
     for (const auto& [name, t] : named) {

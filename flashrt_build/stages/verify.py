@@ -27,9 +27,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..config.spec import BuildSpec, MethodSpec
-from ..errors import LoaderCrash, VerifyError
+from ..errors import LoaderCrash, VerifyError, first_lines
 from ..runtime.manifest import method_bindings
 from .inputs import make_inputs
+from .threads import RUN_THREADS_ENV
+from .verify_worker import PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +180,13 @@ def run_eager(module: torch.nn.Module, spec: BuildSpec, calls: list[Call], state
             method = call.method
             args = [call.inputs[i.name] for i in method.inputs if i.positional]
             kwargs = {i.name: call.inputs[i.name] for i in method.inputs if not i.positional}
-            out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)
+            try:
+                out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)
+            except Exception as exc:
+                raise VerifyError(
+                    f"the eager {method.attr} of {spec.target} raised {type(exc).__name__} at call '{call.label}', "
+                    f"so there is nothing to compare the package with: {first_lines(exc, 2)}"
+                ) from exc
             outputs.append(
                 pytree.tree_map(lambda t: t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t, out)
             )
@@ -189,28 +197,94 @@ def run_package(
     staging: Path, manifest: dict[str, Any], calls: list[Call], timeout: float, work: Path
 ) -> dict[str, Any]:
     """Run the sequence on the package in a fresh process; its outputs, or the
-    reason it failed (a crash is told apart from an error)."""
+    reason it failed: a crash or a hang while loading (the toolchain is the
+    usual suspect) told apart from one at a call (the package's own code
+    refusing an input, named with the call and its shapes)."""
     (work / "manifest.json").write_text(json.dumps(manifest))
     torch.save([{"label": c.label, "inputs": c.inputs, "method": c.method.name} for c in calls], work / "calls.pt")
-    result_path = work / "result.pt"
-    command = [sys.executable, "-m", "flashrt_build.stages.verify_worker", str(staging), str(work)]
-    # The worker imports what this process can: the user's modules included.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
     cxx = manifest["toolchain"]["cxx"]["path"]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        done = _run_worker(staging, work, timeout)
     except subprocess.TimeoutExpired:
+        where = _where(work, calls)
+        if where is None:
+            raise LoaderCrash(
+                f"the package hung its loader process past verify.timeout={timeout:g}s while loading, and was "
+                f"killed. {_crash_remedy(cxx)}"
+            ) from None
         raise LoaderCrash(
-            f"the package hung its loader process past verify.timeout={timeout:g}s and was killed. {_crash_remedy(cxx)}"
+            f"the package did not finish {where} within verify.timeout={timeout:g}s, and its process was killed; "
+            "raise verify.timeout if the model is that slow here"
         ) from None
-    log.debug("verify worker output:\n%s%s", done.stdout, done.stderr)
     if done.returncode < 0:
-        name = signal.Signals(-done.returncode).name
-        raise LoaderCrash(f"the package crashed its loader process with {name}. {_crash_remedy(cxx)}")
+        name, where = signal.Signals(-done.returncode).name, _where(work, calls)
+        if where is None:
+            raise LoaderCrash(f"the package crashed its loader process with {name} while loading. {_crash_remedy(cxx)}")
+        said = _what(done.stderr) or _said_on_one_thread(staging, work, timeout)
+        raise LoaderCrash(
+            f"the package crashed its process with {name} at {where}{f': {said}' if said else ''}. Its own code "
+            "refused what eager accepted: an input the compiled code cannot take (an index out of range)"
+        )
+    result_path = work / "result.pt"
     if done.returncode != 0 or not result_path.is_file():
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise VerifyError(f"loading or running the package in a fresh process failed: {tail}")
-    return torch.load(result_path, weights_only=False)
+    result = torch.load(result_path, weights_only=False)
+    if "failed" in result:
+        failed = result["failed"]
+        (work / PROGRESS).write_text(f"call {failed['call']}")
+        raise VerifyError(
+            f"the package raised {failed['error']} at {_where(work, calls)}: {failed['message']}. Its own code "
+            "refused what eager accepted: an input the compiled code cannot take (an index out of range)"
+        )
+    return result
+
+
+def _run_worker(staging: Path, work: Path, timeout: float, threads: int | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "flashrt_build.stages.verify_worker", str(staging), str(work)]
+    # The worker imports what this process can: the user's modules included.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+    if threads:
+        env[RUN_THREADS_ENV] = str(threads)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    log.debug("verify worker output:\n%s%s", done.stdout, done.stderr)
+    return done
+
+
+def _said_on_one_thread(staging: Path, work: Path, timeout: float) -> str | None:
+    """What the package's own check says when it runs on one thread. Thrown on
+    several threads at once, a C++ exception ends the process without its
+    message ("terminate called recursively"); on one it reaches Python."""
+    (work / "result.pt").unlink(missing_ok=True)
+    try:
+        again = _run_worker(staging, work, timeout, threads=1)
+    except subprocess.TimeoutExpired:
+        return None
+    said = _what(again.stderr)
+    if said is None and (work / "result.pt").is_file():
+        failed = torch.load(work / "result.pt", weights_only=False).get("failed")
+        said = f"{failed['error']}: {failed['message']}" if failed else None
+    return f"{said} (on one thread)" if said else None
+
+
+def _where(work: Path, calls: list[Call]) -> str | None:
+    """Which call the verification process had begun (its label and input
+    shapes) when it died or hung; None while it was still loading the package."""
+    try:
+        step = (work / PROGRESS).read_text()
+    except OSError:
+        return None
+    if not step.startswith("call "):
+        return None if step == "loading" else step
+    call = calls[int(step.split()[1])]
+    shapes = ", ".join(f"{name} {list(t.shape)}" for name, t in call.inputs.items())
+    return f"call '{call.label}' ({shapes})"
+
+
+def _what(stderr: str) -> str | None:
+    """The C++ exception's own message (`what():  ...`) from a process that aborted."""
+    lines = [line.strip() for line in stderr.splitlines() if "what():" in line]
+    return " ".join(lines[0].split()) if lines else None
 
 
 def _crash_remedy(cxx: str) -> str:

@@ -16,19 +16,32 @@ from pathlib import Path
 import torch
 import torch.utils._pytree as pytree
 
+from ..errors import first_lines
 from ..runtime.load import open_package
 from .threads import limit_run_threads
+
+PROGRESS = "progress"  # the step begun last: where a crash or a hang happened
 
 
 def main(staging: Path, work: Path) -> None:
     limit_run_threads()
     manifest = json.loads((work / "manifest.json").read_text())
     calls = torch.load(work / "calls.pt", weights_only=False)
+    (work / PROGRESS).write_text("loading")
     model = open_package(staging, manifest)
     outputs = []
     with torch.no_grad():
-        for call in calls:  # each by its method, as users call them: state carries over
-            leaves, spec = pytree.tree_flatten(model.methods[call["method"]](**call["inputs"]))
+        for index, call in enumerate(calls):  # each by its method, as users call them: state carries over
+            (work / PROGRESS).write_text(f"call {index}")
+            try:
+                out = model.methods[call["method"]](**call["inputs"])
+            except Exception as exc:  # the package's own code refused (a bounds check): say which call
+                said = first_lines(exc, 1)
+                torch.save(
+                    {"failed": {"call": index, "error": type(exc).__name__, "message": said}}, work / "result.pt"
+                )
+                return
+            leaves, spec = pytree.tree_flatten(out)
             cpu = [leaf.detach().cpu().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             outputs.append({"leaves": cpu, "spec": str(spec)})
     result = {
@@ -39,6 +52,7 @@ def main(staging: Path, work: Path) -> None:
     if manifest["config"]["verify"]["bench"]:
         default = next(c for c in calls if c["method"] == model.default_method)
         result["bench"] = bench(manifest, model, default["inputs"])
+    (work / PROGRESS).write_text("saving")
     torch.save(result, work / "result.pt")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..errors import FlashrtError, UnexpectedError, log_failure, quiet_known_warnings
+from ..errors import FlashrtError, Interrupted, UnexpectedError, log_failure, quiet_known_warnings, stop_on_signals
 from .job import BUILD_CONFIG, BUILD_RESULT, failure
 
 log = logging.getLogger("flashrt_build")
@@ -25,6 +25,7 @@ log = logging.getLogger("flashrt_build")
 def main(job_dir: Path) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s|%(message)s", stream=sys.stdout)
     quiet_known_warnings()
+    stop_on_signals()  # a cancelled job cleans up its staging directory
     cfg = OmegaConf.load(job_dir / BUILD_CONFIG)
     outcome: dict[str, Any]
     try:
@@ -43,4 +44,8 @@ def main(job_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    try:
+        sys.exit(main(Path(sys.argv[1])))
+    except Interrupted as stopped:
+        log.error("%s", stopped)
+        sys.exit(stopped.exit_code)

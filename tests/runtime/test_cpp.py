@@ -304,6 +304,12 @@ def test_the_library_refuses_weights_and_inputs_like_python_load(
     assert said["bind"] == said["open with tensors"] == expected
     assert "missing: fc1.weight; unexpected: extra.weight; wrong shape: fc2.weight [8, 63]" in expected
     assert said["unchanged after refusal"] == "yes"  # a refused bind binds nothing
+    strided = load_file(str(mlp_checkpoint))
+    strided["fc1.weight"] = strided["fc1.weight"].t().contiguous().t()  # same shape, transposed layout
+    with pytest.raises(flashrt_build.WeightsMismatch) as python:
+        flashrt_build.load(mlp_external_build.output_dir, weights=strided)
+    assert said["strides"] == str(python.value).replace("the given mapping", "the given tensors")
+    assert "wrong strides: fc1.weight strides [1, 64] (package expects [16, 1]" in said["strides"]
 
     assert said == {
         **said,
@@ -389,3 +395,44 @@ def test_a_package_of_several_methods_is_refused_naming_them(
     proc = run(cpp_tools["run"], lm_build.output_dir, "--inputs", tmp_path / "in.safetensors", "--out", tmp_path / "o")
     assert proc.returncode == 1
     assert "describes a package of 2 methods (decode, prefill); flashrt::Package serves single-method" in proc.stderr
+
+
+def test_values_outside_an_inputs_declared_range_are_refused_not_run(
+    cpp_tools: dict[str, Path], gpt2_external_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    """A token id at the vocabulary size made the package abort() the process;
+    the library refuses it, as Python's load does, naming the input."""
+    ids = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(0))
+    ids[1, 3] = 1000
+    proc, out = cpp_run(cpp_tools, gpt2_external_build.output_dir, {"input_ids": ids}, tmp_path)
+    assert proc.returncode == 1 and out is None
+    message = "input 'input_ids' holds values from 0 to 1000; the package accepts 0 to 999 (module.inputs.input_ids"
+    assert message in proc.stderr
+    with pytest.raises(ValueError) as python:
+        flashrt_build.load(gpt2_external_build.output_dir)(ids)
+    assert str(python.value) in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda m: m["weights"].update(mode="baked"), "was edited after its build: weights.mode differs"),
+        (lambda m: m["inputs"][0]["dynamic"]["1"].update(max=4096), "inputs[0].dynamic.1.max differs"),
+        (lambda m: m["weights"].update(mode="sideways"), "weights.mode is 'sideways', expected baked or external"),
+    ],
+    ids=["mode", "dynamic-max", "bogus-mode"],
+)
+def test_an_edited_manifest_is_refused(
+    cpp_tools: dict[str, Path], gpt2_external_build: flashrt_build.BuildResult, tmp_path: Path, edit, needle: str
+) -> None:
+    """Editing weights.mode made the first call segfault; raising a dynamic
+    max let longer inputs through. The package records what a load relies on."""
+    directory = copy_package(gpt2_external_build.output_dir, tmp_path)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    edit(manifest)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    ids = torch.zeros(2, 7, dtype=torch.int64)
+    proc, out = cpp_run(cpp_tools, directory, {"input_ids": ids}, tmp_path)
+    assert proc.returncode == 1 and out is None and needle in proc.stderr
+    with pytest.raises(flashrt_build.ArtifactError):
+        flashrt_build.load(directory)

@@ -200,3 +200,76 @@ def test_shared_dims_must_agree_at_run_time(bert_build: flashrt_build.BuildResul
     ids = torch.zeros(2, 8, dtype=torch.int64)
     with pytest.raises(ValueError, match="share dim 'seq' but have sizes 8 and 9"):
         model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=torch.int64))
+
+
+@pytest.fixture(scope="module")
+def flags_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_build.BuildResult, Path]:
+    """tests/modules.FlagsAndConstants, external weights: a flag fixed by
+    `module.kwargs` on a dynamic batch, a buffer in a transposed layout, and
+    `(y, None, 3)` returned."""
+    tmp = tmp_path_factory.mktemp("flags")
+    (tmp / "conf" / "module").mkdir(parents=True)
+    (tmp / "conf" / "module" / "flags.yaml").write_text(
+        "name: flags\nmodel: {_target_: modules.FlagsAndConstants}\n"
+        "inputs: {x: {shape: [3, 4], dynamic: {0: {name: batch, min: 1, max: 16}}}}\nkwargs: {negate: true}\n"
+    )
+    cfg = compose(
+        ["+module=flags", "weights=external", f"output_dir={tmp / 'out'}", f"output_root={tmp}"],
+        config_dir=tmp / "conf",
+    )
+    return flashrt_build.build(cfg), tmp / "conf"
+
+
+def test_constant_outputs_a_fixed_flag_and_a_transposed_weight_survive_the_package(
+    flags_build: tuple[flashrt_build.BuildResult, Path],
+) -> None:
+    """The build used to crash writing the manifest (`Tensor is not JSON
+    serializable`); the loaded package returned tensor(3) for eager's 3."""
+    result, conf = flags_build
+    assert result.manifest["verification"]["passed"] is True
+    assert result.manifest["outputs"][1:] == [
+        {"shape": None, "dtype": "NoneType", "value": None},
+        {"shape": None, "dtype": "int", "value": 3},
+    ]
+    mix = next(t for t in result.manifest["weights"]["tensors"] if t["fqn"] == "mix")
+    assert mix["stride"] == [1, 4]  # the sidecar holds it row-major; the load lays it out again
+    reference = instantiate_module(resolve_spec(compose(["+module=flags"], config_dir=conf)))
+    model = flashrt_build.load(result.output_dir)
+    x = torch.randn(7, 4)
+    y, none, three = model(x)
+    assert none is None and three == 3 and type(three) is int
+    with torch.no_grad():
+        torch.testing.assert_close(y, reference(x, negate=True)[0])
+    # The caller's own tensors must be laid out as the package reads them: refused, not bound wrong.
+    state = {k: v.contiguous() for k, v in reference.state_dict().items()}
+    with pytest.raises(flashrt_build.WeightsMismatch, match=r"wrong strides: mix strides \[4, 1\] \(package expects"):
+        flashrt_build.load(result.output_dir, weights=state)
+    state["mix"] = reference.mix  # the build's layout
+    torch.testing.assert_close(flashrt_build.load(result.output_dir, weights=state)(x)[0], y)
+
+
+def test_a_host_or_mapping_in_another_layout_is_refused(mlp_external_build: flashrt_build.BuildResult) -> None:
+    """Same shape, dtype and device, other strides: bound, it gave wrong outputs (max error 0.34 on the mlp)."""
+    host = eager("+module=mlp")
+    host.fc1.weight = torch.nn.Parameter(host.fc1.weight.detach().t().contiguous().t())
+    with pytest.raises(flashrt_build.WeightsMismatch, match=r"wrong strides: fc1.weight strides \[1, 64\]"):
+        flashrt_build.load(mlp_external_build.output_dir, host=host)
+
+
+def test_values_outside_a_declared_range_are_refused_by_the_loaded_package(
+    gpt2_build: flashrt_build.BuildResult,
+) -> None:
+    """A token id at the vocabulary size made the package abort() the process (SIGABRT)."""
+    model = flashrt_build.load(gpt2_build.output_dir)
+    assert model.manifest["inputs"][0]["low"] == 0 and model.manifest["inputs"][0]["high"] == 1000
+    ids = torch.zeros(2, 8, dtype=torch.int64)
+    ids[1, 5] = 1000
+    with pytest.raises(
+        ValueError, match=r"input 'input_ids' holds values from 0 to 1000; the package accepts 0 to 999"
+    ):
+        model(input_ids=ids)
+    ids[1, 5] = -1
+    with pytest.raises(ValueError, match="holds values from -1 to 0"):
+        model(input_ids=ids)
+    ids[1, 5] = 999
+    assert model(input_ids=ids).logits.shape == (2, 8, 1000)

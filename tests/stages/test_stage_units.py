@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -14,10 +15,19 @@ from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, VerifyError
 from flashrt_build.runtime.checkpoint import read_checkpoint
+from flashrt_build.stages.export import export_module
 from flashrt_build.stages.inputs import dynamic_shapes, make_inputs
 from flashrt_build.stages.module import instantiate_module, load_checkpoint
 from flashrt_build.stages.package import FORCED_OPTIONS, validate_inductor_options
-from flashrt_build.stages.verify import compare_outputs, plan_calls, tolerances
+from flashrt_build.stages.verify import (
+    _raise_on_mismatch,
+    _what,
+    _where,
+    compare_outputs,
+    plan_calls,
+    run_eager,
+    tolerances,
+)
 from flashrt_build.stages.weights import tensor_sha256
 
 
@@ -180,6 +190,53 @@ def test_nan_where_eager_has_none_fails() -> None:
     assert leaf.passed
 
 
+def test_an_output_without_finite_values_is_reported_not_passed() -> None:
+    """All-NaN outputs used to pass with a recorded error of 0.0: nothing was compared."""
+    nan = torch.full((2, 3), float("nan"))
+    (leaf,) = compare_outputs(nan.clone(), nan, 1e9, 1e9)
+    assert not leaf.passed and leaf.compared == 0 and leaf.nothing_compared
+    with pytest.raises(VerifyError, match="package output output has no finite values to compare at call 'x'"):
+        _raise_on_mismatch([leaf], "call 'x'")
+    (allowed,) = compare_outputs(nan.clone(), nan, 1e9, 1e9, allow_nonfinite=True)
+    assert allowed.passed and allowed.compared == 0  # the config said so, and the package agrees
+    (differs,) = compare_outputs(torch.zeros(2, 3), nan, 1e9, 1e9, allow_nonfinite=True)
+    assert not differs.passed  # NaN where the package has numbers is still a mismatch
+    (partly,) = compare_outputs(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]), 0, 0)
+    assert partly.passed and partly.compared == 1
+    (empty,) = compare_outputs(torch.zeros(0, 3), torch.zeros(0, 3), 0, 0)
+    assert empty.passed and not empty.nothing_compared
+
+
+def test_constant_leaves_compare_by_value_and_type() -> None:
+    leaves = compare_outputs((torch.ones(1), None, 3), (torch.ones(1), None, 3), 0, 0)
+    assert [leaf.passed for leaf in leaves] == [True, True, True]
+    assert json.dumps([leaf.to_json() for leaf in leaves])  # a manifest can hold the record
+    (_, _, three) = compare_outputs((torch.ones(1), None, torch.tensor(3)), (torch.ones(1), None, 3), 0, 0)
+    assert not three.passed  # a tensor is not the int eager returned
+
+
+def test_eager_raising_during_verification_names_the_call() -> None:
+    import modules
+
+    spec = spec_of("+module=mlp")
+    calls = plan_calls(spec, repeat=0)
+    with pytest.raises(VerifyError, match=r"the eager forward of .* raised RuntimeError at call 'example', so there"):
+        run_eager(modules.RaisesInForward(), spec, calls, [])
+
+
+def test_where_a_verification_process_stopped(tmp_path: Path) -> None:
+    calls = plan_calls(spec_of("+module=mlp"), repeat=0)
+    assert _where(tmp_path, calls) is None  # it never started
+    (tmp_path / "progress").write_text("loading")
+    assert _where(tmp_path, calls) is None  # loading: the toolchain is the usual suspect
+    (tmp_path / "progress").write_text("call 2")
+    assert _where(tmp_path, calls) == "call 'batch=33' (x [33, 16])"
+    said = (
+        "terminate called after throwing an instance of 'c10::Error'\n  what():  index out of bounds: 0 <= tmp2 < 10\n"
+    )
+    assert _what(said) == "what(): index out of bounds: 0 <= tmp2 < 10"
+
+
 def test_structure_and_shape_mismatches_fail() -> None:
     with pytest.raises(VerifyError, match="output structure"):
         compare_outputs((torch.ones(1),), [torch.ones(1)], None, None)
@@ -196,3 +253,21 @@ def test_tensor_sha256_covers_bytes_dtype_agnostic() -> None:
     a = torch.arange(4, dtype=torch.bfloat16)
     assert tensor_sha256(a) == tensor_sha256(a.clone()) != tensor_sha256(a + 1)
     assert tensor_sha256(torch.zeros(2, 2).t()) == tensor_sha256(torch.zeros(2, 2))
+
+
+def test_constant_keyword_arguments_are_bound_so_dynamic_dims_still_export() -> None:
+    """`return_dict=False` or `output_hidden_states=True` on bert_tiny failed
+    with torch's "Must provide a tree_name": the dynamic-shape spec did not
+    match the call's keywords. They are bound into the exported method now."""
+    spec = spec_of("+module=bert_tiny", "+module.kwargs.output_hidden_states=true", "+module.kwargs.return_dict=false")
+    module = instantiate_module(spec)
+    example = make_inputs(spec)
+    program = export_module(module, spec, example, dynamic_shapes(spec, example)).program
+    assert program.call_spec.in_spec.children_specs[1].context == ["input_ids", "attention_mask"]  # tensors only
+    ids, mask = (torch.ones(2, 70, dtype=torch.int64) for _ in range(2))  # another length: the seq dim is dynamic
+    out = program.module()(input_ids=ids, attention_mask=mask)
+    with torch.no_grad():
+        want = module(input_ids=ids, attention_mask=mask, output_hidden_states=True, return_dict=False)
+    assert isinstance(out, tuple) and len(out) == len(want) == 3  # hidden, pooled, all hidden states
+    torch.testing.assert_close(out[0], want[0])
+    assert "state_dict" not in type(module).__dict__ and "forward" not in module.__dict__  # nothing left patched
