@@ -1,11 +1,12 @@
 """What to build: the config, checked before any work.
 
-    schema.py    the typed Hydra schema, one dataclass per group; unknown keys
-    compose.py   composing the shipped configs without the CLI
-    spec.py      a composed config resolved into a typed `BuildSpec`
-    paths.py     the paths a config names: writable, readable, listable
-    compiler.py  which C++ compiler a config means, and its version
+    schema.py      the typed Hydra schema, one dataclass per group; unknown keys
+    compose.py     composing the shipped configs without the CLI
+    spec.py        a composed config resolved into a typed `BuildSpec`
+    paths.py       the paths a config names: writable, replaceable, listable; TMPDIR
+    checkpoint.py  a checkpoint file: complete, of a format the build reads
+    compiler.py    which C++ compiler a config means, its version, the -march it takes
 
 Imports no torch (the command line decides a build is up to date without it)
-and nothing else of flashrt_build but `errors`.
+and nothing else of flashrt_build but `errors` and `artifact`.
 """

@@ -3,6 +3,7 @@ strings them together):
 
     module.py         2. instantiate the module, load its checkpoint, cast it
     inputs.py         3. seeded example inputs and torch.export dynamic shapes
+    domain.py         3. the config's inputs against the eager module, before the compile
     export.py         4. torch.export: one graph or an error naming the cause
     package.py        5. AOTInductor compiles the graph into a .pt2 package
     weights.py        5. the tensors the package binds: names, digests, sidecar

@@ -89,9 +89,10 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
         if found is not None:
             example = make_inputs(spec, method=method)
             shapes = {name: list(t.shape) for name, t in _named(method, example).items()}
+            kind, _, said = found.partition(": ")
             raise ExportError(
-                f"the {method.attr} of {spec.target} raises {found} on the example inputs {shapes}, "
-                f"without torch.export (check {method.key}.inputs)"
+                f"the {method.attr} of {spec.target} raises {kind} on the example inputs {shapes}, "
+                f"without torch.export: {said} (check {method.key}.inputs)"
             )
         at_max = {name: d.max for name, (_, _, d) in dims.items()}
         found = failure(at_max, {i.name: "both" for i in ranged})

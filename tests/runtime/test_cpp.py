@@ -403,7 +403,7 @@ def test_values_outside_an_inputs_declared_range_are_refused_not_run(
     """A token id at the vocabulary size made the package abort() the process;
     the library refuses it, as Python's load does, naming the input."""
     ids = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(0))
-    ids[1, 3] = 1000
+    ids[0, 0], ids[1, 3] = 0, 1000
     proc, out = cpp_run(cpp_tools, gpt2_external_build.output_dir, {"input_ids": ids}, tmp_path)
     assert proc.returncode == 1 and out is None
     message = "input 'input_ids' holds values from 0 to 1000; the package accepts 0 to 999 (module.inputs.input_ids"

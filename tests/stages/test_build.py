@@ -92,6 +92,8 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
             "dtype": "float32",
             "dynamic": {"0": {"name": "batch", "min": 1, "max": 64}},
             "positional": False,
+            "low": None,
+            "high": None,
         }
     ]
     assert m["outputs"] == [{"shape": ["batch", 8], "dtype": "float32"}]
