@@ -9,7 +9,7 @@
 #include <torch/cuda.h>
 
 #ifdef FLASHRT_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime_api.h>  // the runtime API only: ATen's CUDA context needs the math libraries' headers too
 #endif
 
 #include <algorithm>
@@ -70,11 +70,14 @@ c10::Device resolve_device(const Manifest& m, std::optional<c10::Device> request
   }
 #ifdef FLASHRT_WITH_CUDA
   if (m.gpu_capability) {
-    const cudaDeviceProp* props = at::cuda::getDeviceProperties(device.index());
-    const std::string running = std::to_string(props->major) + "." + std::to_string(props->minor);
+    cudaDeviceProp props{};
+    if (cudaGetDeviceProperties(&props, device.index()) != cudaSuccess) {
+      throw Error(Error::Kind::Artifact, "cannot read the properties of " + device.str());
+    }
+    const std::string running = std::to_string(props.major) + "." + std::to_string(props.minor);
     if (running != *m.gpu_capability) {
       throw Error(Error::Kind::Artifact, "the package was compiled for compute capability " + *m.gpu_capability +
-                                             " (" + gpu + "), but " + device.str() + " is " + props->name +
+                                             " (" + gpu + "), but " + device.str() + " is " + props.name +
                                              " (compute capability " + running +
                                              "): rebuild it with target=cuda on this kind of GPU");
     }
