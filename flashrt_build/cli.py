@@ -66,6 +66,8 @@ def variant_of(overrides: list[str]) -> str | None:
             continue
         if key == "module.checkpoint":  # the file's stem says which checkpoint, not its path
             key, value = "ckpt", Path(value).stem
+        elif "/" in value and Path(value).name:  # a path (a from_pretrained directory): its name, not where it is
+            key, value = key.rpartition(".")[2], Path(value).name
         parts.append(re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{key}={value}"))
     variant = ",".join(parts).replace("=", "_").replace(",", "-")
     if len(variant) > MAX_VARIANT:  # a file name holds 255 bytes; the lock and staging names add to it

@@ -1,4 +1,11 @@
-"""Small modules that live in the repo, used by the shipped configs and tests."""
+"""Small modules that live in the repo, used by the shipped configs and tests.
+
+    python -m flashrt_build.examples DIR
+
+writes a small trained-looking GPT-2 the way `save_pretrained` stores a real
+one (config.json, three bf16 safetensors shards and their index, the tied
+lm_head left out), for `+module=pretrained_gpt2` and the README's examples.
+"""
 
 from __future__ import annotations
 
@@ -106,3 +113,25 @@ class T5Seq2Seq(nn.Module):
         return self.t5(
             encoder_outputs=(encoder_hidden_states,), decoder_input_ids=decoder_input_ids, use_cache=False
         ).logits
+
+
+def save_gpt2_tiny(directory: str, seed: int = 1234, max_shard_size: str = "400KB") -> None:
+    """A 2-layer GPT-2 (gpt2_tiny's shape) with seeded weights, saved as
+    `save_pretrained` saves one: bf16, sharded, tied weights written once."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128, bos_token_id=0, eos_token_id=0
+    )
+    GPT2LMHeadModel(config).to(torch.bfloat16).save_pretrained(directory, max_shard_size=max_shard_size)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m flashrt_build.examples DIR  (writes a small GPT-2 as save_pretrained does)")
+    save_gpt2_tiny(sys.argv[1])
+    print(f"wrote {sys.argv[1]}: build it with python -m flashrt_build +module=pretrained_gpt2 "
+          f"module.model.pretrained_model_name_or_path={sys.argv[1]}")  # fmt: skip

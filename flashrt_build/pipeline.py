@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 
 from . import __version__
 from .artifact import MANIFEST, PACKAGE, SCHEMA, SIDECAR, STATE
-from .cache.key import build_keys, key_ingredients, method_keys
+from .cache.digests import DigestCache
+from .cache.key import build_keys, input_digests, key_ingredients, method_keys
 from .cache.reuse import check_up_to_date, reuse
 from .cache.store import Store, link_or_copy
 from .config.compose import as_build_config
@@ -76,16 +77,26 @@ def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = 
     apply_threads(spec.threads)
     options = validate_inductor_options(spec.inductor_options, spec.weights)
     check_device(spec.device)
-    ingredients = key_ingredients(spec, gpu_of(spec.device))
+    remembered = DigestCache(Store(spec.output_root).root)
+    digests = input_digests(spec, remembered)  # every file the build reads, each read once while it is unchanged
+    ingredients = key_ingredients(spec, gpu_of(spec.device), digests)
     keys = build_keys(ingredients)
     reused = reuse(spec, keys, ingredients)
     if reused is not None:
         return BuildResult(spec.output_dir, reused[1], reused[0])
     with fp32_precision(spec.tf32):  # export, compile and verify under the target's TF32 policy
-        return _build(spec, options, keys, ingredients)
+        result = _build(spec, options, keys, ingredients, digests)
+    remembered.save(create=True)
+    return result
 
 
-def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingredients: dict[str, Any]) -> BuildResult:
+def _build(
+    spec: BuildSpec,
+    options: dict[str, Any],
+    keys: dict[str, str],
+    ingredients: dict[str, Any],
+    digests: dict[str, str],
+) -> BuildResult:
     """The stages of a build that has work to do."""
     timer = StageTimer(spec.name)
     log.info(
@@ -115,7 +126,7 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
             + (f", state threaded: {', '.join(e.state)}" if e.state else "")
             for e in exported
         )
-    provenance = _module_provenance(spec)
+    provenance = _module_provenance(spec, digests)
     toolchain = describe_toolchain(spec.device, options)
 
     # Builds of one output dir take turns from here to publishing; the stages
@@ -195,6 +206,18 @@ def _build(spec: BuildSpec, options: dict[str, Any], keys: dict[str, str], ingre
             "name": spec.name,
             "flashrt_build": __version__,
             "module": provenance,
+            # every file the build read (the checkpoint's shards, a from_pretrained directory): inputs of its key
+            "build_inputs": [
+                {
+                    "key": f.key,
+                    "file": f.name,
+                    "path": str(f.path),
+                    "bytes": f.path.stat().st_size,
+                    "sha256": digests[f.label],
+                    "kind": f.kind,
+                }  # fmt: skip
+                for f in spec.input_files
+            ],
             "package": package,
             **described,
             "inductor": {"options": _jsonable(options)},
@@ -305,8 +328,9 @@ def _release_cache(spec: BuildSpec, ingredients: dict[str, Any]) -> Path | None:
     return Path(tempfile.gettempdir()) / "flashrt_build-release" / canonical_sha256(ingredients["config"])[:16]
 
 
-def _module_provenance(spec: BuildSpec) -> dict[str, Any]:
-    """The target's dotted path, its source file digest and its distribution."""
+def _module_provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:
+    """The target's dotted path, what it really is, its source file digest and
+    distribution; the checkpoint it was loaded from, file by file."""
     obj = locate_target(spec.target)
     try:
         source = inspect.getsourcefile(obj)  # type: ignore[arg-type]
@@ -317,7 +341,15 @@ def _module_provenance(spec: BuildSpec) -> dict[str, Any]:
     dist = {"name": dists[0], "version": metadata.version(dists[0])} if dists else None
     checkpoint = None
     if spec.checkpoint is not None:
-        checkpoint = {"path": str(spec.checkpoint), "sha256": file_sha256(spec.checkpoint)}
+        files = [f for f in spec.input_files if f.key == "module.checkpoint"]
+        checkpoint = {
+            "path": str(spec.checkpoint.path),
+            # a lone file's digest; a directory's files are listed one by one
+            "sha256": digests[files[0].label] if not spec.checkpoint.path.is_dir() else None,
+            "format": spec.checkpoint.format,
+            "files": [{"file": f.name, "sha256": digests[f.label]} for f in files],
+            "rename": [{"pattern": p, "replace": r} for p, r in spec.checkpoint_rename],
+        }
     return {
         "target": spec.target,
         "callable": real_name(obj),  # what the target really is: a class method by its class

@@ -6,7 +6,11 @@ build is up to date costs a fraction of a build. Ingredients:
 - config: the resolved config without cosmetic keys (where to build, how to verify)
 - module: the target's own source files (code you wrote: every .py file of its
   top-level package), or the installed distribution's name and version
-- weights: the checkpoint's sha256, or the seed that initialises random weights
+- weights: the sha256 of each checkpoint file (every shard) and of each
+  weight file the module's config names (a `from_pretrained` directory's
+  shards), and the seed that initialises random weights
+- model_files: the other files the module's config names (its `config.json`),
+  which shape the graph
 - toolchain: torch, Python, the C++ compiler and its version, CUDA, the CPU ISA
 - flashrt_build: this tool's own source
 
@@ -27,7 +31,9 @@ from typing import Any
 
 from ..config.compiler import compiler_path, compiler_version, cpu_isa
 from ..config.spec import BuildSpec
-from ..runtime.manifest import canonical_sha256, file_sha256
+from ..runtime.manifest import canonical_sha256
+from .digests import DigestCache
+from .store import Store
 
 # Keys that say where a build goes and how it is checked, not what it is.
 COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads")
@@ -85,17 +91,37 @@ def toolchain_ingredients(spec: BuildSpec, gpu: dict[str, Any] | None = None) ->
     }
 
 
-def key_ingredients(spec: BuildSpec, gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+def input_digests(spec: BuildSpec, digests: DigestCache | None = None) -> dict[str, str]:
+    """sha256 of every file the build reads, by label (`module.checkpoint/model-00001-of-00003.safetensors`);
+    remembered in the store by stat, so an unchanged file is not read again."""
+    digests = digests or DigestCache(Store(spec.output_root).root)
+    found = dict(
+        zip((f.label for f in spec.input_files), digests.sha256_all(f.path for f in spec.input_files), strict=True)
+    )
+    digests.save()
+    return found
+
+
+def key_ingredients(
+    spec: BuildSpec, gpu: dict[str, Any] | None = None, digests: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Everything the artifact's bytes depend on. `digests`: of the input
+    files, when already computed (`input_digests`)."""
     config = {k: v for k, v in spec.config.items() if k not in COSMETIC_KEYS and k != "seed"}
     config["module"] = {k: v for k, v in spec.config["module"].items() if k != "checkpoint"}
     own_sha, _ = source_tree_sha256(str(Path(__file__).resolve().parents[1]))  # all of flashrt_build
+    digests = input_digests(spec) if digests is None else digests
+    kinds = {f.label: f.kind for f in spec.input_files}
     ingredients = {
         "config": config,
         "module": module_source(spec.target),
+        # files the module's config names that shape the graph (a from_pretrained directory's config.json)
+        "model_files": {label: sha for label, sha in digests.items() if kinds[label] == "model"},
         "toolchain": toolchain_ingredients(spec, gpu),
         "flashrt_build": own_sha,
         "weights": {
-            "checkpoint": file_sha256(spec.checkpoint) if spec.checkpoint else None,
+            "checkpoint": {f.name: digests[f.label] for f in spec.input_files if f.key == "module.checkpoint"} or None,
+            "files": {label: sha for label, sha in digests.items() if kinds[label] == "weights"},
             "seed": spec.seed,
         },
     }
@@ -129,7 +155,8 @@ def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
 
 
 def changed_ingredients(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
-    """Which ingredients differ, config keys one by one: what the log says changed."""
+    """Which ingredients differ, config keys one by one and input files by
+    name (`weights (model-00002-of-00003.safetensors)`): what the log says changed."""
     if not old:
         return ["no earlier build key"]
     changed = []
@@ -138,5 +165,25 @@ def changed_ingredients(old: dict[str, Any] | None, new: dict[str, Any]) -> list
             keys = sorted(set(value) | set(old["config"]))
             changed += [f"config.{k}" for k in keys if value.get(k) != old["config"].get(k)]
         elif old.get(name) != value:
-            changed.append(name)
+            files = _changed_files(name, old.get(name), value)
+            changed.append(f"{name} ({', '.join(files)})" if files else name)
     return changed
+
+
+def _changed_files(name: str, old: Any, new: Any) -> list[str]:
+    """The input files whose digests differ between two builds' ingredient `name`."""
+    if name == "model_files":
+        before, after = old if isinstance(old, dict) else {}, new
+    elif name == "weights":
+        before, after = _weight_files(old), _weight_files(new)
+    else:
+        return []
+    labels = sorted(set(before) | set(after))
+    return [label.rpartition("/")[2] for label in labels if before.get(label) != after.get(label)]
+
+
+def _weight_files(weights: Any) -> dict[str, str]:
+    if not isinstance(weights, dict):
+        return {}
+    checkpoint = weights.get("checkpoint") if isinstance(weights.get("checkpoint"), dict) else {}
+    return {f"module.checkpoint/{k}": v for k, v in checkpoint.items()} | dict(weights.get("files") or {})

@@ -12,6 +12,7 @@ from ..config.spec import BuildSpec, resolve_spec
 from ..errors import ArtifactError
 from ..runtime.manifest import altered_digest, config_sha256, read_manifest, write_manifest
 from ..stages.publish import build_lock, publish, staging_dir
+from .digests import DigestCache
 from .key import build_keys, changed_ingredients, key_ingredients
 from .store import Store, link_or_copy
 
@@ -28,11 +29,19 @@ def check_up_to_date(spec: BuildSpec, keys: dict[str, str], ingredients: dict[st
     if manifest.get("build_key") != keys["build_key"]:
         changed = changed_ingredients(manifest.get("key_ingredients"), ingredients)
         return False, f"changed: {', '.join(changed)}"
+    digests = DigestCache(Store(spec.output_root).root)  # a 2 GB package is hashed once, not on every check
     for section in (manifest["package"], manifest["weights"], manifest.get("state") or {}):
         if section.get("file"):
             path = spec.output_dir / section["file"]
-            if not path.is_file() or altered_digest(path, section):
-                return False, f"{section['file']} is missing or altered"
+            if not path.is_file():
+                return False, f"{section['file']} is missing"
+            known = digests.known(path)
+            intact = known == section["sha256"] if known is not None else altered_digest(path, section) is None
+            if not intact:
+                return False, f"{section['file']} was altered since its build"
+            if known is None:
+                digests.remember(path, section["sha256"])
+    digests.save()
     if spec.verify and manifest["verification"].get("passed") is not True:
         return False, "the build in place was not verified"
     return True, f"up to date (build key {keys['build_key'][:12]})"

@@ -1,13 +1,17 @@
-"""Checkpoint files, looked at before any work and without torch: is it a
-safetensors file whose header and data agree (not truncated), or a torch
-checkpoint (a zip archive, or the legacy pickle format)? What is wrong is a
-ConfigError naming the key and the file."""
+"""Checkpoints, looked at before any work and without torch: a file, or a
+directory as `save_pretrained` writes it (an index naming its shards, or a
+lone `model.safetensors` / `pytorch_model.bin`). Each file must be complete
+and of a format the build reads (safetensors, or a torch state dict: a zip
+archive or the legacy pickle format). What is wrong is a ConfigError naming
+the key, the file and why."""
 
 from __future__ import annotations
 
 import json
 import struct
 import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -22,8 +26,34 @@ _ITEMSIZE = {
 _MAX_HEADER = 100 << 20  # safetensors' own limit
 
 
+# What save_pretrained writes, in the order a directory is searched for it.
+HF_LAYOUTS = (
+    ("model.safetensors.index.json", "safetensors"),
+    ("model.safetensors", "safetensors"),
+    ("pytorch_model.bin.index.json", "torch"),
+    ("pytorch_model.bin", "torch"),
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The files of a checkpoint, found and checked: one file, or a
+    directory's shards in the order its index first names them."""
+
+    path: Path  # as the config names it: a file or a directory
+    files: tuple[Path, ...]
+    format: str  # "safetensors" or "torch"
+    # A sharded directory's index: tensor name -> the shard file holding it.
+    weight_map: Mapping[str, str] = field(default_factory=dict)
+
+    def name(self, file: Path) -> str:
+        """How logs and the manifest name one of its files: relative to the directory."""
+        return str(file.relative_to(self.path)) if self.path.is_dir() else file.name
+
+
 def checkpoint_format(path: Path) -> str:
-    """ "safetensors" or "torch" for a file that is one, complete; else a ValueError saying why not."""
+    """The format of a file that is a complete checkpoint, "safetensors" or
+    "torch"; else a ValueError saying why it is not one."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -77,16 +107,65 @@ def _check_safetensors(text: bytes, data_size: int) -> None:
         )
 
 
-def check_checkpoint_file(key: str, value: str, path: Path) -> str:
-    """The format of a checkpoint file the build will read, or a ConfigError
-    naming `key`: missing, a directory, unreadable, or not a complete checkpoint."""
+def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
+    """The checkpoint a config names, every file of it checked, or a
+    ConfigError naming `key`, the file and what is wrong: missing, unreadable,
+    truncated, of no format the build reads; for a directory, no checkpoint
+    in it, an index that is not one, or that names a shard outside the
+    directory or one that is not there."""
     if not path.exists():
-        raise ConfigError(key, value, f"no such file ({path})")
-    if not path.is_file():
-        raise ConfigError(key, value, f"is a directory, not a file ({path})")
+        raise ConfigError(key, value, f"no such file or directory ({path})")
+    if not path.is_dir():
+        return Checkpoint(path, (path,), _file_format(key, value, path))
+    for name, fmt in HF_LAYOUTS:
+        found = path / name
+        if found.is_file():
+            if not name.endswith(".index.json"):
+                return Checkpoint(path, (found,), _expect(key, value, found, fmt))
+            weight_map = _weight_map(key, value, found)
+            shards = [path / shard for shard in dict.fromkeys(weight_map.values())]
+            for shard in shards:
+                _expect(key, value, shard, fmt, found)
+            return Checkpoint(path, tuple(shards), fmt, weight_map)
+    expected = ", ".join(name for name, _ in HF_LAYOUTS)
+    raise ConfigError(key, value, f"is a directory holding no checkpoint: expected one of {expected}")
+
+
+def _weight_map(key: str, value: str, index: Path) -> dict[str, str]:
+    """An index's tensor -> shard map, every shard a file inside the index's directory."""
     try:
-        return checkpoint_format(path)
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise ConfigError(key, value, f"holds {index.name}, which is not a JSON index ({exc})") from None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConfigError(key, value, f"holds {index.name}, whose weight_map does not map tensor names to shard files")
+    root = index.parent.resolve()
+    for shard in dict.fromkeys(weight_map.values()):
+        target = (root / shard).resolve()
+        if target.parent != root or not shard or shard != target.name:
+            raise ConfigError(
+                key,
+                value,
+                f"holds {index.name}, whose weight_map names {shard!r}: a shard must be a file in that directory",
+            )
+    return weight_map
+
+
+def _expect(key: str, value: str, file: Path, fmt: str, index: Path | None = None) -> str:
+    if not file.is_file():
+        tensors = "" if index is None else f" ({index.name} maps tensors to it)"
+        raise ConfigError(key, value, f"lacks the shard {file.name}{tensors}")
+    found = _file_format(key, value, file)
+    if found != fmt:
+        raise ConfigError(key, value, f"holds {file.name}, which is a {found} file, not {fmt}")
+    return found
+
+
+def _file_format(key: str, value: str, file: Path) -> str:
+    where = "" if file.name == Path(value).name else f"{file.name} "
+    try:
+        return checkpoint_format(file)
     except OSError as exc:
-        raise ConfigError(key, value, f"cannot be read ({exc.strerror or exc})") from None
+        raise ConfigError(key, value, f"{where or ''}cannot be read ({exc.strerror or exc})") from None
     except ValueError as exc:
-        raise ConfigError(key, value, f"is {exc}") from None
+        raise ConfigError(key, value, f"{'holds ' + file.name + ', which ' if where else ''}is {exc}") from None

@@ -70,6 +70,15 @@ class MethodConfig:
 
 
 @dataclass
+class RenameRule:
+    """One rule of `module.checkpoint_rename`: a checkpoint name that `pattern`
+    (a regular expression) matches becomes `re.sub(pattern, replace, name)`."""
+
+    pattern: str = MISSING
+    replace: str = ""
+
+
+@dataclass
 class ModuleConfig:
     """The module to build: what to instantiate and how to call it."""
 
@@ -82,8 +91,12 @@ class ModuleConfig:
     # Constant keyword arguments baked into the graph (use_cache: false).
     kwargs: dict[str, Any] = field(default_factory=dict)
     methods: dict[str, MethodConfig] = field(default_factory=dict)
-    # A safetensors file or torch state dict, loaded strictly before export.
+    # The weights to build with, loaded strictly before export: a safetensors
+    # file, a torch state dict, or a directory as save_pretrained writes it.
     checkpoint: str | None = None
+    # Ordered renames of checkpoint names to the module's (strip a `model.`
+    # prefix); the first rule that matches a name applies.
+    checkpoint_rename: list[RenameRule] = field(default_factory=list)
 
 
 @dataclass

@@ -16,8 +16,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError, raise_all
-from .checkpoint import check_checkpoint_file
+from .checkpoint import Checkpoint, resolve_checkpoint
 from .compiler import check_compiler, compiler_path, march_rejected
+from .files import InputFile, checkpoint_files, model_files
 from .paths import check_output_dir, check_temp_dir, check_writable
 from .schema import WeightsMode, unknown_keys
 
@@ -113,7 +114,9 @@ class BuildSpec:
     model: Mapping[str, Any]
     target: str  # the `_target_` dotted path
     methods: tuple[MethodSpec, ...]  # one (forward) unless the config lists `methods`
-    checkpoint: Path | None
+    checkpoint: Checkpoint | None
+    checkpoint_rename: tuple[tuple[str, str], ...]  # (pattern, replacement), first match wins
+    input_files: tuple[InputFile, ...]  # every file the build reads: inputs of its key
     device: str
     dtype: str
     tf32: bool | None  # None: not a float32 CUDA target, torch's settings are left alone
@@ -161,6 +164,7 @@ RELEASE_TARGETS = (
     "flashrt_build.examples.TinyLM",
     "torchvision.models.resnet50",
     "transformers.BertConfig",
+    "transformers.AutoModelForCausalLM.from_pretrained",
     "transformers.BertModel",
     "transformers.GPT2Config",
     "transformers.GPT2LMHeadModel",
@@ -305,9 +309,8 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     tf32 = tf32_policy(device, dtype, config["target"].get("tf32"))
 
     checkpoint = module.get("checkpoint")
-    checkpoint_path = (cwd / checkpoint) if checkpoint else None
-    if checkpoint_path is not None:
-        check(check_checkpoint_file, "module.checkpoint", checkpoint, checkpoint_path)
+    resolved = check(resolve_checkpoint, "module.checkpoint", checkpoint, cwd / checkpoint) if checkpoint else None
+    rename = _resolve_renames(module.get("checkpoint_rename") or [], checkpoint, problems)
 
     verify = config["verify"]
     for key in ("atol", "rtol"):
@@ -345,6 +348,9 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     output_dir = check(derive_output_dir, config, cwd)
     before_paths = len(problems)
     output_root = (cwd / config["output_root"]).resolve()
+    files = check(model_files, model, cwd, output_root) or []
+    if resolved is not None:
+        files = checkpoint_files(resolved) + files
     root_ok = check(check_writable, output_root, "output_root", False) is None and len(problems) == before_paths
     if output_dir is not None and (root_ok or config.get("output_dir")):  # a derived dir fails with its root
         before_dir = len(problems)
@@ -364,7 +370,9 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         model=model,
         target=target,
         methods=methods,
-        checkpoint=checkpoint_path,
+        checkpoint=resolved,
+        checkpoint_rename=rename,
+        input_files=tuple(files),
         device=device,
         dtype=dtype,
         tf32=tf32,
@@ -449,6 +457,26 @@ def _resolve_methods(module: Mapping[str, Any], check: Any) -> list[MethodSpec]:
         check(_check_shared_dims, inputs, key)
         methods.append(MethodSpec(name, attr, inputs, dict(kwargs), model, key))
     return methods
+
+
+def _resolve_renames(
+    rules: list[Mapping[str, Any]], checkpoint: str | None, problems: list[ConfigError]
+) -> tuple[tuple[str, str], ...]:
+    """`module.checkpoint_rename` as (pattern, replacement) pairs, each pattern a valid regex."""
+    if rules and not checkpoint:
+        problems.append(
+            ConfigError("module.checkpoint_rename", rules, "renames the names of a checkpoint: set module.checkpoint")
+        )
+    for i, rule in enumerate(rules):
+        try:
+            re.compile(rule["pattern"])
+        except re.error as exc:
+            problems.append(
+                ConfigError(
+                    f"module.checkpoint_rename.{i}.pattern", rule["pattern"], f"not a regular expression ({exc})"
+                )
+            )
+    return tuple((rule["pattern"], rule.get("replace") or "") for rule in rules)
 
 
 def _fail(key: str, value: object, expected: str) -> None:

@@ -8,13 +8,14 @@ before binding, because torch accepts a wrong shape silently.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Mapping
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config.checkpoint import checkpoint_format
+from ..config.checkpoint import Checkpoint, checkpoint_format, resolve_checkpoint
 from ..errors import ConfigError, WeightsMismatch, first_lines
 from .manifest import read_manifest
 
@@ -35,22 +36,7 @@ def read_checkpoint(
             raise ConfigError(
                 key, str(path), f"is not a readable safetensors file ({first_lines(exc)})", kind
             ) from None
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise ConfigError(
-            key,
-            str(path),
-            f"holds objects that need code to unpickle, which is never run ({first_lines(exc, 1)})",
-            kind,
-        ) from None
-    except Exception as exc:
-        raise ConfigError(key, str(path), f"is not a readable state dict ({first_lines(exc)})", kind) from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]  # the Lightning layout
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError(key, str(path), "expected a mapping of names to tensors", kind)
-    return state
+    return _torch_state(path, device, key, kind)
 
 
 def _format(path: Path, key: str, kind: str) -> str:
@@ -62,6 +48,53 @@ def _format(path: Path, key: str, kind: str) -> str:
         raise ConfigError(key, str(path), f"cannot be read ({exc.strerror or exc})", kind) from None
     except ValueError as exc:
         raise ConfigError(key, str(path), f"is {exc}", kind) from None
+
+
+class CheckpointFiles:
+    """A checkpoint's tensors, file by file and one tensor at a time, so a
+    build from an N GB checkpoint holds no second copy of it: safetensors
+    shards are memory-mapped, torch files loaded memory-mapped (weights only,
+    never unpickling code; a Lightning `state_dict` unwrapped)."""
+
+    def __init__(self, checkpoint: Checkpoint, key: str = "module.checkpoint", kind: str = "config key") -> None:
+        self.checkpoint, self.key, self.kind = checkpoint, key, kind
+
+    def table(self, file: Path) -> dict[str, tuple[list[int], str]]:
+        """Name -> (shape, dtype) of one file's tensors; a safetensors file's header only."""
+        if self.checkpoint.format == "safetensors":
+            return checkpoint_table(file, self.key, self.kind)
+        return {name: (list(t.shape), dtype_name(t.dtype)) for name, t in self._torch(file).items()}
+
+    def tensors(self, file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+        """One file's tensors, each read when asked for."""
+        if self.checkpoint.format == "safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    yield name, f.get_tensor(name)
+        else:
+            yield from self._torch(file).items()
+
+    def _torch(self, file: Path) -> dict[str, torch.Tensor]:
+        return _torch_state(file, "cpu", self.key, self.kind, mmap=zipfile.is_zipfile(file))  # legacy: no mmap
+
+
+def _torch_state(
+    path: Path, device: str | torch.device, key: str, kind: str, mmap: bool = False
+) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        why = f"holds objects that need code to unpickle, which is never run ({first_lines(exc, 1)})"
+        raise ConfigError(key, str(path), why, kind) from None
+    except Exception as exc:
+        raise ConfigError(key, str(path), f"is not a readable state dict ({first_lines(exc)})", kind) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # the Lightning layout
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(key, str(path), "expected a mapping of names to tensors", kind)
+    return state
 
 
 def checkpoint_table(
@@ -192,12 +225,29 @@ def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str
     """Does `checkpoint` fit the package in `output_dir`? Every difference, by
     kind; empty when it fits. Loads neither the package nor tensor data."""
     manifest = read_manifest(Path(output_dir))
-    if Path(checkpoint).is_dir():
-        raise ConfigError("CHECKPOINT", str(checkpoint), "is a directory, not a checkpoint file", "argument")
+    files = CheckpointFiles(as_argument("CHECKPOINT", checkpoint), "CHECKPOINT", "argument")
+    table = {name: entry for file in files.checkpoint.files for name, entry in files.table(file).items()}
     weights = manifest["weights"]
-    table = checkpoint_table(Path(checkpoint), "CHECKPOINT", "argument")
     _, problems = compare(weights["tensors"], table, unused=weights.get("unused", []))
     return problems
+
+
+def as_argument(name: str, path: str | Path) -> Checkpoint:
+    """A checkpoint given to `load` or `check` (a file, or a directory as
+    save_pretrained writes it), checked as the config's would be; a problem
+    names the argument."""
+    try:
+        return resolve_checkpoint(name, str(path), Path(path))
+    except ConfigError as exc:
+        raise ConfigError(name, exc.value, exc.expected, "argument") from None
+
+
+def read_all(checkpoint: Checkpoint, device: str | torch.device, name: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's files, on `device`."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in checkpoint.files:
+        tensors.update(read_checkpoint(file, device, name, "argument"))
+    return tensors
 
 
 __all__ = ["WeightsMismatch", "check_checkpoint", "checkpoint_table", "compare", "read_checkpoint"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import re
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import torch.utils._pytree as pytree
 from ..artifact import MANIFEST
 from ..config.spec import SINGLE_MODEL, tf32_policy
 from ..errors import ArtifactError, WeightsMismatch
-from .checkpoint import compare, dtype_name, laid_out, read_checkpoint
+from .checkpoint import as_argument, compare, dtype_name, laid_out, read_all, read_checkpoint
 from .gpu import check_gpu_arch, fp32_precision, gpu_of
 from .manifest import STATE_KWARG, altered_digest, check_contract, manifest_methods, method_bindings, read_manifest
 
@@ -344,11 +346,11 @@ def open_package(
             bound.update({e["fqn"]: laid_out(defaults[e["fqn"]], e) for e in entries if e["fqn"] not in bound})
 
     state = _state_source(output_dir, manifest, weights if isinstance(weights, Mapping) else None, host, device)
-    _import_output_types(manifest["module"]["target"])
     index = device.index if device.type == "cuda" and device.index is not None else -1
     runners = {}
     for name, entry in manifest_methods(manifest).items():
         runner = load_package(package, index, entry["model"])
+        _import_tree_types(runner)
         # Each method binds the same tensors by its own names: one copy for all.
         names = method_bindings(entries, name)
         own = {fqn: bound[key] for fqn, key in names.items() if key in bound}
@@ -358,12 +360,20 @@ def open_package(
     return LoadedModule(runners, manifest, output_dir, bound, host, device, state)
 
 
-def _import_output_types(target: str) -> None:
-    """Import the module that defines the target: a package's output tree names
-    its types (a transformers ModelOutput), which pytree must know to rebuild it."""
-    module_path, _, name = target.rpartition(".")
-    with contextlib.suppress(Exception):
-        getattr(importlib.import_module(module_path), name)  # lazy packages load the class's module here
+def _import_tree_types(runner: Any) -> None:
+    """Import the modules defining the types a package's call spec names (a
+    transformers ModelOutput, whatever class `from_pretrained` returned):
+    pytree must know them to rebuild the output tree, and they register
+    themselves when imported."""
+    loader = getattr(runner, "loader", None)
+    if loader is None:
+        return
+    for spec in loader.get_call_spec():
+        for type_name in re.findall(r'"type":\s*"([A-Za-z_][\w.]*)"', spec):
+            module_path = type_name.rpartition(".")[0]
+            if module_path and module_path not in sys.modules:
+                with contextlib.suppress(Exception):
+                    importlib.import_module(module_path)
 
 
 def _state_source(
@@ -393,10 +403,8 @@ def _weights_source(
     """(description, name -> tensor) of the weights to bind; None keeps the baked ones."""
     if weights is not None and not isinstance(weights, (str, Path, Mapping)):
         raise TypeError(f"weights must be a path, a mapping of names to tensors or None, not {type(weights).__name__}")
-    if isinstance(weights, (str, Path)):
-        if not Path(weights).is_file():
-            raise ArtifactError(f"weights file {weights} does not exist")
-        return str(weights), read_checkpoint(Path(weights), device, "weights", "argument")
+    if isinstance(weights, (str, Path)):  # a file, or a directory as save_pretrained writes one
+        return str(weights), read_all(as_argument("weights", weights), device, "weights")
     if isinstance(weights, Mapping):
         return "the given mapping", weights
     if host is not None:

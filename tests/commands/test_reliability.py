@@ -74,8 +74,8 @@ def test_a_checkpoint_whose_keys_do_not_match(tmp_path: Path) -> None:
     save_file({"fc1.weight": torch.zeros(64, 16), "bogus": torch.zeros(1)}, str(tmp_path / "bad.safetensors"))
     result = cli("+module=mlp", f"module.checkpoint={tmp_path / 'bad.safetensors'}", f"output_root={tmp_path / 'o'}")
     assert result.returncode == 2
-    assert "module.checkpoint" in result.stderr and "missing: fc1.bias" in result.stderr
-    assert "unexpected: bogus" in result.stderr
+    assert "module.checkpoint" in result.stderr and "6 missing: fc1.bias, fc2.bias, fc2.weight" in result.stderr
+    assert "1 unexpected: bogus" in result.stderr
     assert_nothing_built(tmp_path / "o")
 
 

@@ -286,11 +286,11 @@ def test_a_read_only_filesystem_is_refused_by_key(tmp_path: Path) -> None:
         subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_a_checkpoint_that_is_missing_or_a_directory_is_refused(tmp_path: Path) -> None:
+def test_a_checkpoint_that_is_missing_or_an_empty_directory_is_refused(tmp_path: Path) -> None:
     missing = config_error(f"module.checkpoint={tmp_path / 'none.safetensors'}")
-    assert missing.key == "module.checkpoint" and "no such file" in str(missing)
+    assert missing.key == "module.checkpoint" and "no such file or directory" in str(missing)
     directory = config_error(f"module.checkpoint={tmp_path}")
-    assert directory.key == "module.checkpoint" and "is a directory, not a file" in str(directory)
+    assert directory.key == "module.checkpoint" and "is a directory holding no checkpoint" in str(directory)
 
 
 def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> None:

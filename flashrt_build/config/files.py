@@ -1,0 +1,93 @@
+"""Every file a build reads, as its config names them (the way Bazel
+declares a target's inputs): the checkpoint's files, and every file or
+directory that a string under `module.model` names and that exists when the
+build starts (a `from_pretrained` directory, a path a factory of the user's
+reads). Each becomes an input of the build key, so a build is never "up to
+date" after one of them changed on disk."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .checkpoint import Checkpoint
+
+# Files that hold weight values: they key the weights, not the compiled graph,
+# so a new checkpoint of the same model reuses its compiled package.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".index.json", ".gguf", ".h5", ".npz", ".msgpack")
+# A directory named in module.model with more files than this is refused: its
+# every file would be hashed (`.`, a home directory), which is not what anyone meant.
+MAX_DIR_FILES = 10_000
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One file a build reads."""
+
+    key: str  # the config key naming it (`module.checkpoint`, `module.model.pretrained_model_name_or_path`)
+    name: str  # its path relative to what the key names (`model-00001-of-00003.safetensors`)
+    path: Path
+    kind: str  # "weights" (keys the weights) or "model" (keys the compiled graph)
+
+    @property
+    def label(self) -> str:
+        """How the build key and the manifest name it."""
+        return f"{self.key}/{self.name}"
+
+
+def checkpoint_files(checkpoint: Checkpoint) -> list[InputFile]:
+    return [InputFile("module.checkpoint", checkpoint.name(f), f, "weights") for f in checkpoint.files]
+
+
+def model_files(model: Any, cwd: Path, skip: Path | None = None) -> list[InputFile]:
+    """Files that strings under `module.model` name (`_target_`s aside),
+    relative to `cwd`; a directory contributes every file in it, except under
+    `skip` (the output root)."""
+    found: list[InputFile] = []
+    for key, value in _strings(model, "module.model"):
+        path = cwd / value
+        try:
+            exists = path.exists()
+        except (OSError, ValueError):  # a name too long, a NUL byte: no path
+            continue
+        if not exists:
+            continue
+        if path.is_file():
+            found.append(InputFile(key, path.name, path, _kind(path.name)))
+            continue
+        files = []
+        for folder, dirs, names in os.walk(path, followlinks=True):
+            if skip is not None and Path(folder).resolve() == skip:
+                dirs[:] = []
+                continue
+            files += [Path(folder) / n for n in sorted(names)]
+            dirs.sort()
+            if len(files) > MAX_DIR_FILES:
+                raise ConfigError(
+                    key,
+                    value,
+                    f"names a directory of more than {MAX_DIR_FILES} files, each of which would be an input of the "
+                    "build key; name the model's own directory",
+                )
+        found += [InputFile(key, str(f.relative_to(path)), f, _kind(f.name)) for f in files if f.is_file()]
+    return found
+
+
+def _kind(name: str) -> str:
+    return "weights" if name.endswith(WEIGHT_SUFFIXES) else "model"
+
+
+def _strings(node: Any, key: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, str) and node:
+        yield key, node
+    elif isinstance(node, Mapping):
+        for k, v in node.items():
+            if k != "_target_":
+                yield from _strings(v, f"{key}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _strings(v, f"{key}.{i}")
