@@ -4,7 +4,8 @@
     compose.py     composing the shipped configs without the CLI
     spec.py        a composed config resolved into a typed `BuildSpec`
     paths.py       the paths a config names: writable, replaceable, listable; TMPDIR
-    checkpoint.py  a checkpoint file: complete, of a format the build reads
+    checkpoint.py  a checkpoint (a file, a save_pretrained directory): complete, readable
+    files.py       every file a build reads, as the config names them
     compiler.py    which C++ compiler a config means, its version, the -march it takes
 
 Imports no torch (the command line decides a build is up to date without it)
