@@ -9,7 +9,6 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from safetensors.torch import save_file
 from . import __version__
 from .artifact import MANIFEST, PACKAGE, SCHEMA, SIDECAR, STATE
 from .cache.digests import DigestCache
-from .cache.key import build_keys, input_digests, key_ingredients, method_keys
+from .cache.key import build_keys, distribution_of, input_digests, key_ingredients, method_keys
 from .cache.reuse import check_up_to_date, reuse
 from .cache.store import Store, link_or_copy
 from .config.compose import as_build_config
@@ -336,9 +335,8 @@ def _module_provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str,
         source = inspect.getsourcefile(obj)  # type: ignore[arg-type]
     except TypeError:
         source = None
-    top = spec.target.split(".")[0]
-    dists = metadata.packages_distributions().get(top, [])
-    dist = {"name": dists[0], "version": metadata.version(dists[0])} if dists else None
+    found = distribution_of(spec.target.split(".")[0])
+    dist = {"name": found[0], "version": found[1]} if found else None
     checkpoint = None
     if spec.checkpoint is not None:
         files = [f for f in spec.input_files if f.key == "module.checkpoint"]

@@ -61,11 +61,29 @@ def module_source(target: str) -> dict[str, Any]:
     if found is None or found.origin is None and not found.submodule_search_locations:
         return {"target": target, "unresolved": True}
     root = found.submodule_search_locations[0] if found.submodule_search_locations else found.origin
-    dists = metadata.packages_distributions().get(top, [])
-    if dists and _installed(root):
-        return {"target": target, "distribution": dists[0], "version": metadata.version(dists[0])}
+    dist = distribution_of(top) if _installed(root) else None
+    if dist is not None:
+        return {"target": target, "distribution": dist[0], "version": dist[1]}
     sha, count = source_tree_sha256(root)
     return {"target": target, "source_sha256": sha, "files": count}
+
+
+def distribution_of(top: str) -> tuple[str, str] | None:
+    """(name, version) of the installed distribution that provides the top-level
+    package `top`. The distribution named like the package first: scanning
+    every distribution's file list (`packages_distributions`) takes half a
+    second beside CUDA torch's thousands of files, on every up-to-date check."""
+    try:
+        dist = metadata.distribution(top)
+        provided = (dist.read_text("top_level.txt") or "").split() or [
+            str(f).split("/")[0] for f in dist.files or [] if "/" in str(f)
+        ]
+        if top in provided:
+            return dist.metadata["Name"], dist.version
+    except metadata.PackageNotFoundError:
+        pass
+    names = metadata.packages_distributions().get(top, [])
+    return (names[0], metadata.version(names[0])) if names else None
 
 
 def _torch_cuda_version() -> str | None:
