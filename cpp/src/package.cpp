@@ -133,7 +133,9 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std:
     if (got.shape != want.shape) {
       shape.push_back(name + " " + shape_str(got.shape) + " (package expects " + shape_str(want.shape) + ")");
     }
-    if (got.dtype != want.dtype) {
+    // A file's floating-point tensors are cast when read; the caller's own (bound as they are) are not.
+    const bool cast = !got.device && at::isFloatingType(got.dtype) && at::isFloatingType(want.dtype);
+    if (got.dtype != want.dtype && !cast) {
       dtype.push_back(name + " " + dtype_name(got.dtype) + " (package expects " + dtype_name(want.dtype) + ")");
     }
     if (device && got.device && !same_device(*got.device, *device)) {
@@ -160,11 +162,12 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std:
 
 namespace {
 
-// A tensor read from a file (row-major) with the strides the package reads:
-// a copy only for one the build held in another layout (a transposed view).
+// A tensor read from a file (row-major) as the package reads it: its strides
+// and its floating-point dtype (a bf16 checkpoint for a float32 package); a
+// copy only where either differs.
 at::Tensor laid_out(const at::Tensor& t, const WeightEntry& entry) {
-  if (detail::same_layout(t.strides().vec(), entry)) return t;
-  return at::empty_strided(t.sizes(), entry.stride, t.options()).copy_(t);
+  if (detail::same_layout(t.strides().vec(), entry) && t.scalar_type() == entry.dtype) return t;
+  return at::empty_strided(t.sizes(), entry.stride, t.options().dtype(entry.dtype)).copy_(t);
 }
 
 // Weights to bind: the caller's tensors (borrowed, on the device already) or a file's.

@@ -7,9 +7,11 @@ before binding, because torch accepts a wrong shape silently.
 
 from __future__ import annotations
 
+import json
 import pickle
+import struct
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +53,13 @@ def _format(path: Path, key: str, kind: str) -> str:
 
 
 class CheckpointFiles:
-    """A checkpoint's tensors, file by file and one tensor at a time, so a
-    build from an N GB checkpoint holds no second copy of it: safetensors
-    shards are memory-mapped, torch files loaded memory-mapped (weights only,
-    never unpickling code; a Lightning `state_dict` unwrapped)."""
+    """A checkpoint's tensors, read file by file into their destinations, so
+    a build from an N GB checkpoint holds no second copy of it: safetensors
+    shards are read a chunk at a time straight into the module's own tensors;
+    torch files are loaded memory-mapped (weights only, never unpickling
+    code; a Lightning `state_dict` unwrapped)."""
+
+    CHUNK_BYTES = 64 << 20
 
     def __init__(self, checkpoint: Checkpoint, key: str = "module.checkpoint", kind: str = "config key") -> None:
         self.checkpoint, self.key, self.kind = checkpoint, key, kind
@@ -65,19 +70,61 @@ class CheckpointFiles:
             return checkpoint_table(file, self.key, self.kind)
         return {name: (list(t.shape), dtype_name(t.dtype)) for name, t in self._torch(file).items()}
 
-    def tensors(self, file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-        """One file's tensors, each read when asked for."""
+    def read(self, file: Path, name: str) -> torch.Tensor:
+        """One tensor of one file, whole."""
         if self.checkpoint.format == "safetensors":
             from safetensors import safe_open
 
             with safe_open(str(file), framework="pt", device="cpu") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    yield name, f.get_tensor(name)
-        else:
-            yield from self._torch(file).items()
+                return f.get_tensor(name)
+        return self._torch(file)[name]
+
+    def copy_into(self, file: Path, targets: Mapping[str, torch.Tensor]) -> None:
+        """Copy each named tensor of `file` into its target (same shape; a
+        floating dtype is cast), one chunk of a safetensors file at a time."""
+        if self.checkpoint.format != "safetensors":
+            state = self._torch(file)
+            for name, target in targets.items():
+                target.copy_(state[name])
+            return
+        header, data_start = safetensors_header(file)
+        with open(file, "rb") as f:
+            for name, target in targets.items():
+                entry = header[name]
+                dtype = getattr(torch, _SAFETENSORS_DTYPES[entry["dtype"]])
+                if not target.is_contiguous():
+                    target.copy_(self.read(file, name))
+                    continue
+                f.seek(data_start + entry["data_offsets"][0])
+                flat, per = target.view(-1), max(1, self.CHUNK_BYTES // dtype.itemsize)
+                staging = None if dtype == target.dtype else torch.empty(min(per, flat.numel()), dtype=dtype)
+                for begin in range(0, flat.numel(), per):
+                    count = min(per, flat.numel() - begin)
+                    into = flat[begin : begin + count] if staging is None else staging[:count]
+                    _read_exactly(f, into, file, name)
+                    if staging is not None:
+                        flat[begin : begin + count].copy_(into)
 
     def _torch(self, file: Path) -> dict[str, torch.Tensor]:
         return _torch_state(file, "cpu", self.key, self.kind, mmap=zipfile.is_zipfile(file))  # legacy: no mmap
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header and where its data starts."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length)), 8 + length
+
+
+def _read_exactly(f: Any, into: torch.Tensor, file: Path, name: str) -> None:
+    """Fill `into` (contiguous, on the CPU) with the file's next bytes."""
+    view = memoryview(into.view(torch.uint8).numpy())
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise ConfigError("module.checkpoint", str(file), f"ends inside tensor {name}: the file is truncated")
+        got += n
 
 
 def _torch_state(
@@ -176,14 +223,18 @@ def same_layout(stride: Iterable[int], entry: Mapping[str, Any]) -> bool:
     return all(s == e for s, e, n in zip(stride, expected_stride(entry), entry["shape"], strict=True) if n > 1)
 
 
+FLOATING = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
 def laid_out(tensor: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:
-    """`tensor` (read from a file, row-major) with the strides the package reads: a
-    copy only for a tensor the build held in another layout (a transposed view)."""
-    if same_layout(tensor.stride(), entry):
+    """`tensor` (read from a file, row-major) as the package reads it: its
+    strides, and its floating-point dtype (a bf16 checkpoint for a float32
+    package); a copy only where either differs."""
+    dtype = getattr(torch, entry["dtype"])
+    if same_layout(tensor.stride(), entry) and tensor.dtype == dtype:
         return tensor
-    return torch.empty_strided(tensor.shape, expected_stride(entry), dtype=tensor.dtype, device=tensor.device).copy_(
-        tensor
-    )
+    laid = torch.empty_strided(tensor.shape, expected_stride(entry), dtype=dtype, device=tensor.device)
+    return laid.copy_(tensor)
 
 
 def compare(
@@ -205,7 +256,9 @@ def compare(
         want = by_fqn[fqn]
         if list(shape) != want["shape"]:
             problems.setdefault("wrong shape", []).append(f"{name} {list(shape)} (package expects {want['shape']})")
-        if dtype != want["dtype"]:
+        # A file's floating-point tensors are cast when read; the caller's own (bound as they are) are not.
+        cast = strides is None and dtype in FLOATING and want["dtype"] in FLOATING
+        if dtype != want["dtype"] and not cast:
             problems.setdefault("wrong dtype", []).append(f"{name} {dtype} (package expects {want['dtype']})")
         if device is not None and devices is not None and not _same_device(devices[name], device):
             problems.setdefault("wrong device", []).append(f"{name} on {devices[name]} (package runs on {device})")

@@ -125,17 +125,24 @@ def load_checkpoint(module: torch.nn.Module, checkpoint: Checkpoint, rename: Seq
     loaded: dict[str, str] = {}  # module name -> the checkpoint name its storage was written from
     with torch.no_grad():
         for file in checkpoint.files:
-            for name, tensor in files.tensors(file):
-                target = _renamed(name, rename)
+            direct, twins = {}, []
+            for target, (where, name, _, _) in found.items():
+                if where != file:
+                    continue
                 twin = next((t for t in tied.get(target, ()) if t in loaded), None)
-                if twin is not None and not torch.equal(own[target].to(tensor.dtype), tensor):
+                if twin is None:
+                    direct[name] = own[target]
+                    loaded[target] = name
+                else:
+                    twins.append((twin, name))
+            files.copy_into(file, direct)  # straight into the module's tensors, a chunk at a time
+            for twin, name in twins:  # tied weights given twice must agree
+                if not torch.equal(own[twin], files.read(file, name).to(own[twin].dtype)):
                     raise ConfigError(
                         "module.checkpoint",
                         str(checkpoint.path),
                         f"holds different values for {loaded[twin]} and {name}, which the module ties together",
                     )
-                own[target].copy_(tensor)
-                loaded[target] = name
     log.debug("loaded %d tensors from %s", len(loaded), checkpoint.path)
     return len(loaded)
 

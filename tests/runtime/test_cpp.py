@@ -173,7 +173,7 @@ def test_a_flipped_byte_is_refused_naming_the_file_and_both_digests(
     [
         ("missing", "missing: fc1.weight"),
         ("reshaped", "wrong shape: fc2.weight [64, 8] (package expects [8, 64])"),
-        ("retyped", "wrong dtype: norm.bias float64 (package expects float32)"),
+        ("retyped", "wrong dtype: norm.bias int32 (package expects float32)"),
     ],
 )
 def test_a_sidecar_that_does_not_fit_the_manifest_is_refused(
@@ -192,7 +192,7 @@ def test_a_sidecar_that_does_not_fit_the_manifest_is_refused(
     elif change == "reshaped":
         tensors["fc2.weight"] = tensors["fc2.weight"].reshape(64, 8).contiguous()
     else:
-        tensors["norm.bias"] = tensors["norm.bias"].double()
+        tensors["norm.bias"] = tensors["norm.bias"].int()  # a float64 one would be cast, as any file's float is
     rewrite_sidecar(directory, tensors)
     proc, out = cpp_run(cpp_tools, directory, {"x": mlp_x()}, tmp_path)
     assert proc.returncode == 1 and out is None

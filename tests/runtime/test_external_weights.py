@@ -147,7 +147,7 @@ def test_every_kind_of_mismatch_is_reported_by_name(mlp_external_build: flashrt_
 def test_check_command_agrees_with_load(mlp_external_build: flashrt_build.BuildResult, tmp_path: Path) -> None:
     good = dict(eager("+module=mlp").state_dict())
     save_file({k: v.contiguous() for k, v in good.items()}, str(tmp_path / "good.safetensors"))
-    bad = {**good, "extra": torch.zeros(2), "fc2.weight": torch.zeros(8, 32), "norm.bias": good["norm.bias"].double()}
+    bad = {**good, "extra": torch.zeros(2), "fc2.weight": torch.zeros(8, 32), "norm.bias": good["norm.bias"].int()}
     del bad["fc1.weight"]
     save_file({k: v.contiguous() for k, v in bad.items()}, str(tmp_path / "bad.safetensors"))
     torch.save(bad, tmp_path / "bad.pt")
@@ -230,3 +230,20 @@ def test_a_buffer_the_graph_never_reads_is_recorded_and_accepted(tmp_path: Path)
     checkpoint = tmp_path / "full.safetensors"
     save_file({k: v.contiguous() for k, v in host.state_dict().items()}, str(checkpoint))
     assert check_checkpoint(out, checkpoint) == {}
+
+
+def test_a_files_floating_point_tensors_are_cast_the_callers_are_not(
+    mlp_external_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    """A bf16 checkpoint binds to a float32 package when read from a file
+    (a copy is made anyway); the caller's own tensors are bound as they are, so
+    their dtype must be the package's."""
+    reference = eager("+module=mlp")
+    half = {k: v.to(torch.bfloat16).contiguous() for k, v in reference.state_dict().items()}
+    save_file(half, str(tmp_path / "bf16.safetensors"))
+    model = flashrt_build.load(mlp_external_build.output_dir, weights=tmp_path / "bf16.safetensors")
+    assert model.bound_weights["fc1.weight"].dtype == torch.float32
+    torch.testing.assert_close(model.bound_weights["fc1.weight"], half["fc1.weight"].float())
+    assert check_checkpoint(mlp_external_build.output_dir, tmp_path / "bf16.safetensors") == {}
+    with pytest.raises(flashrt_build.WeightsMismatch, match="wrong dtype: fc1.weight bfloat16"):
+        flashrt_build.load(mlp_external_build.output_dir, weights=half)
