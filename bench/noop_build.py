@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 from report import RESULTS, alternate, publish, table
@@ -53,7 +54,8 @@ def main() -> None:
         args.out,
         "No-op build",
         f".venv/bin/python bench/noop_build.py --rounds {args.rounds}",
-        f"2-core CPU, torch 2.13, {args.rounds} alternating rounds; goal: no-op at most 1.5 s\n\n{text}",
+        f"2-core CPU, torch {metadata.version('torch')}, {args.rounds} alternating rounds; "
+        f"goal: no-op at most 1.5 s\n\n{text}",
     )
 
 

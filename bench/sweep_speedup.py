@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 from report import RESULTS, publish, table
@@ -79,7 +80,8 @@ def main() -> None:
         args.out,
         "Sweep: basic launcher vs parallel (joblib)",
         f".venv/bin/python bench/sweep_speedup.py --rounds {args.rounds}",
-        f"{cpus}-core CPU, torch 2.13; sweep `{' '.join(SWEEP)}`: 4 cold builds, verification included; "
+        f"{cpus}-core CPU, torch {metadata.version('torch')}; sweep `{' '.join(SWEEP)}`: 4 cold builds, "
+        "verification included; "
         f"runs alternate ABBA\n\n{text}",
     )
 

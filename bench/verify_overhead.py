@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 from report import RESULTS, alternate, publish, table
@@ -50,7 +51,8 @@ def main() -> None:
         args.out,
         "Verification overhead",
         f".venv/bin/python bench/verify_overhead.py --module {args.module} --rounds {args.rounds}",
-        f"median of {args.rounds} alternating CLI builds each, 2-core CPU, torch 2.13\n\n{table(header, [row])}",
+        f"median of {args.rounds} alternating CLI builds each, 2-core CPU, torch {metadata.version('torch')}"
+        f"\n\n{table(header, [row])}",
     )
 
 

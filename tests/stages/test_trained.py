@@ -22,6 +22,7 @@ from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError
 from flashrt_build.examples import save_gpt2_tiny
+from flashrt_build.runtime.checkpoint import check_checkpoint
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_module
 
@@ -99,6 +100,10 @@ def test_a_sharded_bf16_directory_with_tied_weights_builds_with_its_own_weights(
     with torch.no_grad():
         want = reference(input_ids=ids, use_cache=False).logits
     torch.testing.assert_close(flashrt_build.load(result.output_dir)(input_ids=ids).logits, want)
+    # The same directory binds to the plain gpt2_tiny package without a build, and `check` says it fits.
+    assert check_checkpoint(gpt2_external_build.output_dir, trained["gpt2"]) == {}
+    swapped = flashrt_build.load(gpt2_external_build.output_dir, weights=trained["gpt2"])
+    torch.testing.assert_close(swapped(input_ids=ids).logits, want)
 
 
 @pytest.mark.slow
