@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from report import publish  # noqa: E402
 
-from flashrt_build.runtime.manifest import altered_digest, file_record, file_sha256, hashing_threads  # noqa: E402
+from flashrt_build.runtime.hashing import altered_digest, file_record, file_sha256, hashing_threads  # noqa: E402
 
 
 def read_all(path: Path) -> None:

@@ -1,14 +1,17 @@
-"""What a build's output directory holds, and how to tell one from a folder
-of someone else's files. A build replaces its output directory whole, so
-this decides what it may replace.
+"""What a build's output directory holds and how a package is called: file
+names, the manifest's schema id, the package's calling conventions (model
+names, threaded state, the default method, its float32 policy), and how to
+tell a build from a folder of someone else's files (a build replaces its
+output directory whole, so this decides what it may replace).
 
 Imports nothing of flashrt_build and no torch: every layer uses it, the
-config checks included.
+config checks and the runtime included.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 SCHEMA = "flashrt_build.manifest/1"
@@ -17,6 +20,26 @@ PACKAGE = "model.pt2"
 SIDECAR = "weights.safetensors"
 STATE = "state.safetensors"  # initial values of buffers a stateful module mutates
 ARTIFACT_FILES = (PACKAGE, SIDECAR, STATE, MANIFEST)
+
+# The model inside the .pt2 of a package with one entry point (AOTInductor's
+# default name); a package of several holds one model per method, by its name.
+SINGLE_MODEL = "model"
+# The keyword argument that carries a stateful module's mutated buffers into
+# and out of its package: the package's calling convention.
+STATE_KWARG = "flashrt_state"
+
+
+def default_method(methods: Mapping[str, str]) -> str:
+    """What `m(...)` calls, of {entry point: the module method it runs}: the
+    one that runs the module's forward, else the first."""
+    return next((name for name, attr in methods.items() if attr == "forward"), next(iter(methods)))
+
+
+def tf32_policy(device: str, dtype: str | None, tf32: bool | None) -> bool | None:
+    """The float32 precision a target's calls run under: TF32 on or off for a
+    float32 CUDA target; None for any other, whose calls leave torch's flags
+    alone (bf16 and fp16 matmuls never read them)."""
+    return bool(tf32) if device.startswith("cuda") and dtype == "float32" else None
 
 
 def foreign_entries(directory: Path) -> list[str] | None:

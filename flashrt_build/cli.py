@@ -87,13 +87,16 @@ def run_job(cfg: DictConfig) -> int:
 
         return run_sweep_job(cfg)
     try:
-        from .cache.reuse import reuse_config
+        from .cache.plan import make_plan
+        from .cache.reuse import reuse
 
-        if reuse_config(cfg)[1] is not None:
+        plan = make_plan(cfg)  # resolved once, here, without torch
+        # A CUDA target's key names its GPU, which only torch can see: the build asks.
+        if not plan.spec.device.startswith("cuda") and reuse(plan) is not None:
             return 0
-        from .pipeline import build  # torch is imported only when there is work to do
+        from .pipeline import build_plan  # torch is imported only when there is work to do
 
-        build(cfg)
+        build_plan(plan, reuse_checked=True)
         return 0
     except FlashrtError as exc:
         log_failure(log, exc)

@@ -21,7 +21,12 @@ class FlashrtError(Exception):
 
 
 class ConfigError(FlashrtError):
-    """The config or the command line is wrong (exit code 2)."""
+    """The config or the command line is wrong (exit code 2).
+
+    Raised, before the compile, by the config's own checks (flashrt_build/config/,
+    without torch), by the preflight (stages/preflight.py: what needs torch), and
+    by the stages that hold the module against its config (module.py,
+    checkpoint.py, domain.py); by a command or `load` for a wrong argument (`kind`)."""
 
     exit_code = 2
 

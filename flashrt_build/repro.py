@@ -1,81 +1,8 @@
-"""`python -m flashrt_build.repro OUTPUT_DIR`: rebuild a release artifact from
-its own manifest and compare, like `nix build --check`.
+"""`python -m flashrt_build.repro`: rebuild a release artifact and compare it (flashrt_build/commands/repro.py)."""
 
-Exit 0 when every file is byte-identical, 1 otherwise (each differing file
-and, for the package, each differing zip member is named) or when the
-rebuild fails, 2 when it cannot check (not a release build, no complete
-build, an unreadable file) or the command line is wrong.
-"""
-
-from __future__ import annotations
-
-import argparse
-import copy
-import logging
 import sys
-import tempfile
-import zipfile
-from pathlib import Path
 
-from .errors import ConfigError, command_verdict
-from .runtime.manifest import file_sha256, read_manifest
-
-log = logging.getLogger("flashrt_build")
-
-
-def differing_members(a: Path, b: Path) -> list[str]:
-    """Zip members whose bytes differ, or that only one archive has."""
-    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
-        names_a, names_b = set(za.namelist()), set(zb.namelist())
-        differ = sorted(names_a ^ names_b)
-        differ += sorted(n for n in names_a & names_b if za.read(n) != zb.read(n))
-    return differ
-
-
-def artifact_files(manifest: dict) -> list[str]:
-    sections = (manifest["package"], manifest["weights"], manifest.get("state") or {})
-    return [s["file"] for s in sections if s.get("file")]
-
-
-def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
-    """Rebuild `output_dir`'s release artifact in a temporary directory; the
-    differences by file (zip members for the package), empty when identical."""
-    from .pipeline import build
-
-    output_dir = Path(output_dir)
-    manifest = read_manifest(output_dir)
-    if not manifest.get("release"):
-        raise ConfigError("release", False, f"{output_dir} is not a release build; repro checks release=true builds")
-    config = copy.deepcopy(manifest["config"])
-    checkpoint = manifest["module"].get("checkpoint")
-    if checkpoint:
-        config["module"]["checkpoint"] = checkpoint["path"]
-    with tempfile.TemporaryDirectory(prefix="flashrt-repro-") as tmp:
-        rebuilt = Path(tmp) / "rebuild"
-        config.update(output_dir=str(rebuilt), output_root=tmp, force=True, variant=None)
-        config["verify"]["enabled"] = False  # the bytes are the question here
-        build(config)
-        differences: dict[str, list[str]] = {}
-        for name in artifact_files(manifest):
-            if not (rebuilt / name).is_file():
-                differences[name] = ["(not produced by the rebuild)"]
-            elif file_sha256(output_dir / name) != file_sha256(rebuilt / name):
-                zipped = zipfile.is_zipfile(output_dir / name) and zipfile.is_zipfile(rebuilt / name)
-                differences[name] = differing_members(output_dir / name, rebuilt / name) if zipped else [name]
-    return differences
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashrt_build.repro", description=__doc__.splitlines()[0])
-    parser.add_argument("output_dir", type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    return command_verdict(
-        lambda: reproduce(args.output_dir),
-        f"reproduced: every file of {args.output_dir} is byte-identical",
-        f"not reproduced: {args.output_dir} differs from its rebuild",
-    )
-
+from .commands.repro import main
 
 if __name__ == "__main__":
     sys.exit(main())

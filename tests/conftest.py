@@ -107,3 +107,26 @@ def stateful_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_bu
 def lm_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
     """The zoo's decoder LM as one package of two methods (prefill, decode), external weights."""
     return build_config("+module=tiny_lm", "weights=external", output_dir=tmp_path_factory.mktemp("lm") / "external")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_built_manifest_validates(tmp_path_factory: pytest.TempPathFactory):
+    """After the session, every manifest a build wrote (each lands in its
+    output root's store) validates against the shipped JSON Schema, checked by
+    the jsonschema library, independently of the loader's own validator."""
+    yield
+    import json
+
+    from jsonschema import Draft202012Validator
+
+    from flashrt_build.runtime.schema import manifest_schema
+
+    validator = Draft202012Validator(manifest_schema())
+    broken = []
+    for path in sorted(Path(tmp_path_factory.getbasetemp()).rglob(".store/artifacts/*/manifest.json")):
+        errors = [
+            f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(json.loads(path.read_text()))
+        ]
+        if errors:
+            broken.append(f"{path}: {errors[:3]}")
+    assert not broken, "manifests that break manifest.schema.json:\n" + "\n".join(broken)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..runtime.manifest import file_sha256, hashing_threads
+from ..runtime.hashing import file_sha256, hashing_threads
 
 DIGESTS = "digests.json"
 _RACY_NS = 1_000_000_000  # a digest is trusted once the file is this much older than the hashing

@@ -11,7 +11,9 @@ build is up to date costs a fraction of a build. Ingredients:
   shards), and the seed that initialises random weights
 - model_files: the other files the module's config names (its `config.json`),
   which shape the graph
-- toolchain: torch, Python, the C++ compiler and its version, CUDA, the CPU ISA
+- toolchain: torch, Python, the C++ compiler and its version, CUDA, the CPU
+  ISA, the GPU's architecture: the key fields of the one description
+  (config/toolchain.py) the manifest records whole
 - flashrt_build: this tool's own source
 
 `graph_key` leaves out the weights: external-weights packages with the same
@@ -20,93 +22,20 @@ graph key are the same bytes.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
-import platform
-import re
-from importlib import metadata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config.compiler import compiler_path, compiler_version, cpu_isa
 from ..config.spec import BuildSpec
-from ..runtime.manifest import canonical_sha256
+from ..config.targets import module_source, source_tree_sha256
+from ..config.toolchain import key_fields
+from ..runtime.hashing import canonical_sha256
 from .digests import DigestCache
 from .store import Store
 
 # Keys that say where a build goes and how it is checked, not what it is.
 COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads")
-
-
-def source_tree_sha256(root: str) -> tuple[str, int]:
-    """sha256 over a package's .py files (relative paths and contents) and their count."""
-    digest = hashlib.sha256()
-    base = Path(root)
-    files = sorted(base.rglob("*.py")) if base.is_dir() else [base]
-    for path in files:
-        digest.update(str(path.relative_to(base) if base.is_dir() else path.name).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest(), len(files)
-
-
-def _installed(path: str) -> bool:
-    return any(part in ("site-packages", "dist-packages") for part in Path(path).parts)
-
-
-def module_source(target: str) -> dict[str, Any]:
-    """What the target's code is: its source digest, or its distribution and version."""
-    top = target.split(".")[0]
-    found = importlib.util.find_spec(top)
-    if found is None or found.origin is None and not found.submodule_search_locations:
-        return {"target": target, "unresolved": True}
-    root = found.submodule_search_locations[0] if found.submodule_search_locations else found.origin
-    dist = distribution_of(top) if _installed(root) else None
-    if dist is not None:
-        return {"target": target, "distribution": dist[0], "version": dist[1]}
-    sha, count = source_tree_sha256(root)
-    return {"target": target, "source_sha256": sha, "files": count}
-
-
-def distribution_of(top: str) -> tuple[str, str] | None:
-    """(name, version) of the installed distribution that provides the top-level
-    package `top`. The distribution named like the package first: scanning
-    every distribution's file list (`packages_distributions`) takes half a
-    second beside CUDA torch's thousands of files, on every up-to-date check."""
-    try:
-        dist = metadata.distribution(top)
-        provided = (dist.read_text("top_level.txt") or "").split() or [
-            str(f).split("/")[0] for f in dist.files or [] if "/" in str(f)
-        ]
-        if top in provided:
-            return dist.metadata["Name"], dist.version
-    except metadata.PackageNotFoundError:
-        pass
-    names = metadata.packages_distributions().get(top, [])
-    return (names[0], metadata.version(names[0])) if names else None
-
-
-def _torch_cuda_version() -> str | None:
-    """torch.version.cuda, read from torch's version file without importing torch."""
-    found = importlib.util.find_spec("torch")
-    if found is None or not found.submodule_search_locations:
-        return None
-    text = (Path(found.submodule_search_locations[0]) / "version.py").read_text()
-    match = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]*)['\"]", text, re.M)
-    return match.group(1) if match else None
-
-
-def toolchain_ingredients(spec: BuildSpec, gpu: dict[str, Any] | None = None) -> dict[str, Any]:
-    cxx = compiler_path(spec.inductor_options.get("cpp.cxx"))
-    return {
-        "torch": metadata.version("torch"),
-        "python": platform.python_version(),
-        "cxx": {"path": cxx, "version": compiler_version(cxx)},
-        "cuda": _torch_cuda_version(),
-        "cpu_isa": cpu_isa(),
-        # the architecture, not which card: a build on cuda:1 is the build on cuda:0
-        "gpu": {k: gpu[k] for k in ("name", "capability")} if gpu else None,
-    }
 
 
 def input_digests(spec: BuildSpec, digests: DigestCache | None = None) -> dict[str, str]:
@@ -120,22 +49,20 @@ def input_digests(spec: BuildSpec, digests: DigestCache | None = None) -> dict[s
     return found
 
 
-def key_ingredients(
-    spec: BuildSpec, gpu: dict[str, Any] | None = None, digests: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """Everything the artifact's bytes depend on. `digests`: of the input
-    files, when already computed (`input_digests`)."""
+def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapping[str, str]) -> dict[str, Any]:
+    """Everything the artifact's bytes depend on: the config without cosmetic
+    keys, the module's code, every file the build reads (`digests`, by label),
+    the toolchain's key fields (of its one description) and this tool's source."""
     config = {k: v for k, v in spec.config.items() if k not in COSMETIC_KEYS and k != "seed"}
     config["module"] = {k: v for k, v in spec.config["module"].items() if k != "checkpoint"}
     own_sha, _ = source_tree_sha256(str(Path(__file__).resolve().parents[1]))  # all of flashrt_build
-    digests = input_digests(spec) if digests is None else digests
     kinds = {f.label: f.kind for f in spec.input_files}
     ingredients = {
         "config": config,
         "module": module_source(spec.target),
         # files the module's config names that shape the graph (a from_pretrained directory's config.json)
         "model_files": {label: sha for label, sha in digests.items() if kinds[label] == "model"},
-        "toolchain": toolchain_ingredients(spec, gpu),
+        "toolchain": key_fields(dict(toolchain)),
         "flashrt_build": own_sha,
         "weights": {
             "checkpoint": {f.name: digests[f.label] for f in spec.input_files if f.key == "module.checkpoint"} or None,

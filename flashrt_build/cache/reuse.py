@@ -8,28 +8,29 @@ import logging
 from typing import Any
 
 from ..artifact import MANIFEST
-from ..config.spec import BuildSpec, resolve_spec
 from ..errors import ArtifactError
-from ..runtime.manifest import altered_digest, config_sha256, read_manifest, write_manifest
+from ..runtime.hashing import altered_digest, config_sha256
+from ..runtime.manifest import read_manifest, write_manifest
 from ..stages.publish import build_lock, publish, staging_dir
-from .digests import DigestCache
-from .key import build_keys, changed_ingredients, key_ingredients
+from .key import changed_ingredients
+from .plan import Plan
 from .store import Store, link_or_copy
 
 log = logging.getLogger("flashrt_build")
 
 
-def check_up_to_date(spec: BuildSpec, keys: dict[str, str], ingredients: dict[str, Any]) -> tuple[bool, str]:
+def check_up_to_date(plan: Plan) -> tuple[bool, str]:
     """(True, why) when the artifact in place has this build key, every file it
     lists is intact, and it verified if verification is asked for; else (False, why)."""
+    spec, keys = plan.spec, plan.keys
     try:
         manifest = read_manifest(spec.output_dir)
     except ArtifactError:
         return False, "no complete build at the output directory"
     if manifest.get("build_key") != keys["build_key"]:
-        changed = changed_ingredients(manifest.get("key_ingredients"), ingredients)
+        changed = changed_ingredients(manifest.get("key_ingredients"), plan.ingredients)
         return False, f"changed: {', '.join(changed)}"
-    digests = DigestCache(Store(spec.output_root).root)  # a 2 GB package is hashed once, not on every check
+    digests = plan.remembered  # a 2 GB package is hashed once, not on every check
     for section in (manifest["package"], manifest["weights"], manifest.get("state") or {}):
         if section.get("file"):
             path = spec.output_dir / section["file"]
@@ -47,10 +48,11 @@ def check_up_to_date(spec: BuildSpec, keys: dict[str, str], ingredients: dict[st
     return True, f"up to date (build key {keys['build_key'][:12]})"
 
 
-def fill_from_store(spec: BuildSpec, keys: dict[str, str]) -> dict[str, Any] | None:
+def fill_from_store(plan: Plan) -> dict[str, Any] | None:
     """When an identical build is in the store, link its files into the output
     directory instead of building; returns the manifest, or None. The manifest
     is the stored one with this build's (cosmetic) config."""
+    spec, keys = plan.spec, plan.keys
     entry = Store(spec.output_root).get("artifacts", keys["build_key"])
     if entry is None:
         return None
@@ -70,37 +72,25 @@ def fill_from_store(spec: BuildSpec, keys: dict[str, str]) -> dict[str, Any] | N
     return manifest
 
 
-def reuse(
-    spec: BuildSpec, keys: dict[str, str], ingredients: dict[str, Any], say_why: bool = True
-) -> tuple[str, dict[str, Any]] | None:
+def reuse(plan: Plan, say_why: bool = True) -> tuple[str, dict[str, Any]] | None:
     """("up_to_date" | "from_store", manifest) when no build is needed, else
-    None, logging why one is if `say_why`. Shared by the torch-free CLI path
-    (which leaves the why to the build it hands over to) and the API."""
+    None, logging why one is if `say_why`. Torch-free: the command line asks
+    before it hands a plan to the build (which leaves the why to the build)."""
+    spec = plan.spec
     if spec.force:
         if say_why:
             log.info("%s: forced rebuild (force=true)", spec.name)
         return None
-    fresh, why = check_up_to_date(spec, keys, ingredients)
+    fresh, why = check_up_to_date(plan)
     if fresh:
         with build_lock(spec.output_dir):  # also clears what an interrupted build left
             log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
+        plan.remembered.save()
         return "up_to_date", read_manifest(spec.output_dir)
-    filled = fill_from_store(spec, keys)
+    filled = fill_from_store(plan)
     if filled is not None:
+        plan.remembered.save()
         return "from_store", filled
     if say_why:
         log.info("%s: %s", spec.name, why)
     return None
-
-
-def reuse_config(cfg: Any) -> tuple[BuildSpec, tuple[str, dict[str, Any]] | None]:
-    """Resolve a composed config and reuse its artifact when no build is
-    needed, without importing torch: what the CLI does before anything heavy.
-    CUDA targets always hand over to the build (a GPU's identity needs torch)."""
-    from ..config.compose import as_build_config
-
-    spec = resolve_spec(as_build_config(cfg))
-    if spec.force or spec.device.startswith("cuda"):
-        return spec, None
-    ingredients = key_ingredients(spec)
-    return spec, reuse(spec, build_keys(ingredients), ingredients, say_why=False)

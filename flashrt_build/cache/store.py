@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..artifact import MANIFEST, PACKAGE
-from ..runtime.manifest import file_sha256
+from ..runtime.hashing import file_sha256
 
 STORE_DIR = ".store"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .checkpoint import Checkpoint
+from ..runtime.formats import Checkpoint
 
 # Files that hold weight values: they key the weights, not the compiled graph,
 # so a new checkpoint of the same model reuses its compiled package.

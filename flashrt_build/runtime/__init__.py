@@ -1,11 +1,19 @@
-"""A built artifact and running it: what a deployment needs, and what the
+"""A built artifact and running it: what a deployment needs (torch,
+safetensors and the standard library: no Hydra, no OmegaConf), and what the
 build's verification uses to load a package exactly as users do.
 
-    manifest.py    the artifact's files, the manifest's schema, digests
-    checkpoint.py  reading checkpoints and comparing them with a package's tensors
-    gpu.py         the GPU a package runs on: its identity, architecture, TF32 policy
-    load.py        `load(dir)`: digests checked, weights bound, a drop-in nn.Module
+    load.py            `load(dir)`: digests checked, weights bound, a drop-in nn.Module
+    call.py            one call of a method: inputs checked, state threaded, outputs rebuilt
+    manifest.py        reading, writing and checking manifest.json
+    manifest.schema.json  its JSON Schema, written once (schema.py validates against it)
+    contract.py        what a load relies on, recorded in the package
+    hashing.py         sha256 of files (whole, in chunks on every core) and of JSON values
+    checkpoint.py      checkpoints: read, compared with a package's tensors, streamed into a module
+    formats.py         checkpoint files and save_pretrained directories, without torch
+    dtypes.py          dtype names, aliases, safetensors codes, written once
+    gpu.py             the GPU a package runs on: identity, architecture, TF32 policy
 
-May import `config` and `errors`. `manifest.py` imports no torch (the build
-key and the up-to-date check read manifests without it).
+May import `artifact` and `errors` only. manifest.py, contract.py,
+hashing.py, formats.py, schema.py and dtypes.py import no torch: the build
+key and the up-to-date check use them.
 """

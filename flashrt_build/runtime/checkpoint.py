@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from ..config.checkpoint import Checkpoint, checkpoint_format, resolve_checkpoint
 from ..errors import ConfigError, WeightsMismatch, first_lines
+from .dtypes import FLOATING, SAFETENSORS, dtype_name
+from .formats import Checkpoint, checkpoint_format, resolve_checkpoint
 from .manifest import read_manifest
 
 
@@ -91,7 +92,7 @@ class CheckpointFiles:
         with open(file, "rb") as f:
             for name, target in targets.items():
                 entry = header[name]
-                dtype = getattr(torch, _SAFETENSORS_DTYPES[entry["dtype"]])
+                dtype = getattr(torch, SAFETENSORS[entry["dtype"]])
                 if not target.is_contiguous():
                     target.copy_(self.read(file, name))
                     continue
@@ -156,27 +157,9 @@ def checkpoint_table(
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 sl = f.get_slice(name)
-                table[name] = (list(sl.get_shape()), _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype()))
+                table[name] = (list(sl.get_shape()), SAFETENSORS.get(sl.get_dtype(), sl.get_dtype()))
         return table
     return {name: (list(t.shape), dtype_name(t.dtype)) for name, t in read_checkpoint(path, "meta", key, kind).items()}
-
-
-_SAFETENSORS_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def required(entry: Mapping[str, Any]) -> bool:
@@ -221,9 +204,6 @@ def expected_stride(entry: Mapping[str, Any]) -> list[int]:
 def same_layout(stride: Iterable[int], entry: Mapping[str, Any]) -> bool:
     """Do `stride` and the package agree? Axes of size 1 are never stepped along."""
     return all(s == e for s, e, n in zip(stride, expected_stride(entry), entry["shape"], strict=True) if n > 1)
-
-
-FLOATING = frozenset({"float64", "float32", "float16", "bfloat16"})
 
 
 def laid_out(tensor: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:

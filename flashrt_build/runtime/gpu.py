@@ -13,19 +13,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ArtifactError, ConfigError
-
-
-def check_device(device: str) -> None:
-    """A CUDA target needs that GPU here: a ConfigError naming what is missing."""
-    if not device.startswith("cuda"):
-        return
-    if not torch.cuda.is_available():
-        why = f"torch {torch.__version__} is a CPU build" if torch.version.cuda is None else "none is visible"
-        raise ConfigError("target.device", device, f"no CUDA device is available here: {why} (use target=cpu)")
-    index, count = torch.device(device).index or 0, torch.cuda.device_count()
-    if index >= count:
-        raise ConfigError("target.device", device, f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}")
+from ..errors import ArtifactError
 
 
 @dataclass

@@ -17,9 +17,22 @@ from typing import Any
 
 import torch
 
-from ..config.spec import INTEGER_DTYPES, BuildSpec, MethodSpec
+from ..config.inputs import MethodSpec
+from ..config.spec import BuildSpec
 from ..errors import ConfigError, ExportError, first_lines, raise_all
+from ..runtime.dtypes import INTEGER
 from .inputs import ExampleInputs, make_inputs
+from .progress import Stage
+
+
+def inputs_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[None]:
+    """Every method's inputs against the eager module, before the costly stages."""
+    for method in spec.methods:
+        check_input_names(module, spec, method)
+    notes = [check_input_domain(module, spec, method) for method in spec.methods]
+    return Stage(
+        None, "; ".join(f"{m.label + ': ' if m.label else ''}{n}" for m, n in zip(spec.methods, notes, strict=True))
+    )
 
 
 def check_input_names(module: torch.nn.Module, spec: BuildSpec, method: MethodSpec) -> None:
@@ -69,7 +82,7 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
     for the log. A failure is narrowed down to the key to blame: one range's
     end, one dim's max. Buffers the method writes are put back after."""
     dims = {d.name: (inp, axis, d) for inp in method.inputs for axis, d in inp.dynamic.items()}
-    ranged = [i for i in method.inputs if i.dtype in INTEGER_DTYPES and (i.low is not None or i.high is not None)]
+    ranged = [i for i in method.inputs if i.dtype in INTEGER and (i.low is not None or i.high is not None)]
     lows = {i.name: "low" for i in ranged}
 
     def failure(sizes: dict[str, int] | None = None, edges: dict[str, str] | None = None) -> str | None:
@@ -88,7 +101,7 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
         found = failure()
         if found is not None:
             example = make_inputs(spec, method=method)
-            shapes = {name: list(t.shape) for name, t in _named(method, example).items()}
+            shapes = {name: list(t.shape) for name, t in example.named(method).items()}
             kind, _, said = found.partition(": ")
             raise ExportError(
                 f"the {method.attr} of {spec.target} raises {kind} on the example inputs {shapes}, "
@@ -129,11 +142,6 @@ def _checked(dims: dict[str, Any], ranged: list[Any]) -> str:
     parts = [f"{name} up to {d.max}" for name, (_, _, d) in dims.items()]
     parts += [f"{i.name} in [{i.low if i.low is not None else 0}, {i.high})" for i in ranged]
     return "eager runs " + (", ".join(parts) if parts else "the example")
-
-
-def _named(method: MethodSpec, example: ExampleInputs) -> dict[str, torch.Tensor]:
-    positional = iter(example.args)
-    return {i.name: next(positional) if i.positional else example.kwargs[i.name] for i in method.inputs}
 
 
 def _eager_failure(module: torch.nn.Module, method: MethodSpec, example: ExampleInputs) -> str | None:

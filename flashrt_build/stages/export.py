@@ -22,10 +22,12 @@ from typing import Any
 
 import torch
 
-from ..config.spec import BuildSpec, MethodSpec
+from ..artifact import STATE_KWARG
+from ..config.inputs import MethodSpec
+from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
-from ..runtime.manifest import STATE_KWARG
-from .inputs import ExampleInputs
+from .inputs import ExampleInputs, dynamic_shapes, make_inputs
+from .progress import Stage
 
 log = logging.getLogger(__name__)
 _exporting = False
@@ -74,8 +76,8 @@ def calling(module: torch.nn.Module, method: MethodSpec) -> Iterator[None]:
 
     P = inspect.Parameter
     forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [P(i.name, P.POSITIONAL_OR_KEYWORD) for i in method.inputs if i.positional]
-        + [P(i.name, P.KEYWORD_ONLY) for i in method.inputs if not i.positional]
+        [P(i.name, P.POSITIONAL_OR_KEYWORD) for i in method.positional]
+        + [P(i.name, P.KEYWORD_ONLY) for i in method.keyword]
     )
     own = module.__dict__.get("forward")
     module.forward = forward
@@ -136,6 +138,20 @@ class Exported:
         return f"{WRAPPED}." if self.state else ""
 
 
+def export_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[list[Exported]]:
+    """Every method exported on its own: its example inputs, then torch.export."""
+    exported = []
+    for method in spec.methods:
+        example = make_inputs(spec, method=method)
+        exported.append(export_module(module, spec, example, dynamic_shapes(spec, example, method), method))
+    note = ", ".join(
+        f"{e.method.label + ': ' if e.method.label else ''}{len(e.program.graph.nodes)} graph nodes"
+        + (f", state threaded: {', '.join(e.state)}" if e.state else "")
+        for e in exported
+    )
+    return Stage(exported, note)
+
+
 def export_module(
     module: torch.nn.Module,
     spec: BuildSpec,
@@ -155,10 +171,10 @@ def export_module(
     log.info("%sthreading mutated buffers through the package as explicit state: %s", where, ", ".join(mutated))
     state = {name: module.get_buffer(name) for name in mutated}
     kwargs = {**example.kwargs, STATE_KWARG: state}
-    positional = [i.name for i in method.inputs if i.positional]
+    positional = [i.name for i in method.positional]
     wrapper = threaded(module, mutated, positional, list(example.kwargs))
     # torch.export maps dynamic shapes through the wrapper's named signature.
-    combined = dict(zip(positional, example.args, strict=True)) | example.kwargs
+    combined = example.named(method)
     shapes = {name: _shape_of(dynamic_shapes, value) for name, value in combined.items()}
     shapes[STATE_KWARG] = dict.fromkeys(mutated)
     with calling(module, method):  # the wrapped module's forward is the method
@@ -211,3 +227,45 @@ def _user_frame(partial_graph: str) -> str | None:
     """The last source line the partial graph reached: where tracing stopped."""
     frames = re.findall(r"# File: (.+?), code: (.+)", partial_graph)
     return f"{frames[-1][0]}: `{frames[-1][1].strip()}`" if frames else None
+
+
+def output_specs(exported: Exported) -> list[dict[str, Any]]:
+    """Shape and dtype of each flattened output of a method, dynamic dims by their names."""
+    program, state = exported.program, len(exported.state)
+    names: dict[Any, str] = {}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for inp in exported.method.inputs:
+        node = placeholders.get(inp.name)
+        if node is None:
+            continue
+        for axis, dim in inp.dynamic.items():
+            size = node.meta["val"].shape[axis]
+            if isinstance(size, torch.SymInt):
+                names[size.node.expr] = dim.name
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    user_outputs = output.args[0][: len(output.args[0]) - state]  # threaded state comes last
+    specs = []
+    for node in user_outputs:
+        if not isinstance(node, torch.fx.Node):  # a constant the method returns (None, 3): the package gives it back
+            value = node if isinstance(node, (bool, int, float, str, type(None))) else repr(node)
+            specs.append({"shape": None, "dtype": type(node).__name__, "value": value})
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            specs.append({"shape": None, "dtype": type(val).__name__})
+            continue
+        shape = []
+        for size in val.shape:
+            if isinstance(size, torch.SymInt):
+                expr = size.node.expr
+                shape.append(str(expr.subs({s: _symbol(names[s]) for s in expr.free_symbols if s in names})))
+            else:
+                shape.append(int(size))
+        specs.append({"shape": shape, "dtype": str(val.dtype).removeprefix("torch.")})
+    return specs
+
+
+def _symbol(name: str) -> Any:
+    import sympy
+
+    return sympy.Symbol(name)

@@ -9,8 +9,10 @@ from typing import Any
 import torch
 from torch.export import Dim, ShapesCollection
 
-from ..config.spec import FLOAT_DTYPES, BuildSpec, InputSpec, MethodSpec
+from ..config.inputs import InputSpec, MethodSpec
+from ..config.spec import BuildSpec
 from ..errors import BuildError, first_lines
+from ..runtime.dtypes import FLOATING
 
 
 @dataclass
@@ -19,6 +21,10 @@ class ExampleInputs:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+
+    def named(self, method: MethodSpec) -> dict[str, Any]:
+        """The inputs by name: the positional ones matched to their names."""
+        return dict(zip((i.name for i in method.positional), self.args, strict=True)) | self.kwargs
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -41,7 +47,7 @@ def make_tensor(
     for the same seed. `edge` ("low", "high" or "both") fills an integer
     input with the ends of its declared range instead: its lowest value, its
     highest, or the highest with the lowest first."""
-    if spec.dtype in FLOAT_DTYPES:
+    if spec.dtype in FLOATING:
         return torch.randn(*shape, generator=generator).to(torch_dtype(spec.dtype))
     if spec.dtype == "bool":
         return torch.randint(0, 2, tuple(shape), generator=generator).bool()

@@ -1,68 +1,40 @@
-"""Stage 2: instantiate the module, load its checkpoint strictly, cast it."""
+"""Stage 2: instantiate the module, load its checkpoint strictly, cast it;
+and what the module is, for the manifest."""
 
 from __future__ import annotations
 
+import inspect
 import logging
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra._internal.utils import _locate
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from ..config.checkpoint import Checkpoint
-from ..config.spec import BuildSpec, allowed_targets, find_targets, target_allowed
+from ..config.spec import BuildSpec
+from ..config.targets import distribution_of
 from ..errors import ConfigError, InstantiateError, first_lines
-from ..runtime.checkpoint import CheckpointFiles, dtype_name
+from ..runtime.hashing import file_sha256
+from .checkpoint import load_checkpoint
 from .inputs import torch_dtype
+from .preflight import locate_target, real_name
+from .progress import Stage
 
 log = logging.getLogger(__name__)
 
 
-def locate_target(target: str, key: str = "module.model._target_") -> Any:
-    """The object a dotted `_target_` names, found the way Hydra's instantiate
-    finds it (modules, then attributes: a class method or a factory is a
-    target too), or a ConfigError naming the key."""
-    try:
-        return _locate(target)
-    except Exception as exc:
-        cause = exc.__cause__ or exc
-        why = f"{type(cause).__name__}: {first_lines(cause, 1)}"
-        raise ConfigError(key, target, f"cannot be imported ({why})") from None
-
-
-def real_name(obj: Any) -> str | None:
-    """`module.qualname` of what a target really is (a bound class method by
-    its function), or None for an object that does not say."""
-    function = getattr(obj, "__func__", obj)
-    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", None)
-    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else None
-
-
-def check_targets(spec: BuildSpec) -> None:
-    """Every `_target_` of the module, at any depth, located and, when
-    `allowed_targets` (or the release profile) restricts them, checked by what
-    the object really is, before anything is instantiated."""
-    patterns = allowed_targets(spec.config)
-    for key, target in find_targets(spec.model, "module.model"):
-        obj = locate_target(target, key)
-        if not patterns:
-            continue
-        name = real_name(obj)
-        if name is None and target not in patterns:
-            what = f"is a {type(obj).__name__} that names no module"
-            raise ConfigError(key, target, f"{what}; allowed_targets: {patterns}")
-        if not target_allowed(target, patterns, name):
-            raise ConfigError(key, target, f"is {name}, which allowed_targets does not admit: {patterns}")
+def instantiate_stage(spec: BuildSpec, digests: Mapping[str, str]) -> Stage[torch.nn.Module]:
+    """The module, its parameter count, and the manifest's `module` section."""
+    module = instantiate_module(spec)
+    note = f"{sum(p.numel() for p in module.parameters()):,} parameters"
+    return Stage(module, note, {"module": provenance(spec, digests)})
 
 
 def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     """Build the `nn.Module`, seeded, in eval mode, on the target device and dtype."""
-    check_targets(spec)  # an unimportable or forbidden target is a config error, not a build error
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.seed)  # its targets were located and allowed by the preflight
     try:
         module = instantiate(dict(spec.model), _convert_="all")
     except InstantiationException as exc:
@@ -82,122 +54,32 @@ def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     return module
 
 
-def load_checkpoint(module: torch.nn.Module, checkpoint: Checkpoint, rename: Sequence[tuple[str, str]] = ()) -> int:
-    """Load a checkpoint strictly, one tensor at a time (shards memory-mapped:
-    no second copy of the weights is ever held); returns how many tensors.
-
-    Every name of the module's state dict must be in the checkpoint, after
-    `rename` (first matching rule wins), unless a tensor it is tied to (the
-    same storage: `lm_head.weight` and `wte.weight`) is there, which is how
-    `save_pretrained` writes tied weights; nothing else may be there. Shapes
-    must match; a floating-point tensor is cast to the module's dtype (a bf16
-    checkpoint into a float32 build), any other dtype must match."""
-    files = CheckpointFiles(checkpoint)
-    own = module.state_dict(keep_vars=True)
-    tied = _tied_groups(own)
-    found: dict[str, tuple[Path, str, list[int], str]] = {}  # module name -> (file, name in it, shape, dtype)
-    for file in checkpoint.files:
-        table = files.table(file)
-        _check_index(checkpoint, file, table)
-        for name, (shape, dtype) in table.items():
-            target = _renamed(name, rename)
-            if target in found:
-                first = found[target][1]
-                raise ConfigError(
-                    "module.checkpoint_rename" if rename else "module.checkpoint",
-                    str(checkpoint.path),
-                    f"two checkpoint tensors, {first} and {name}, both name the module's {target}",
-                )
-            found[target] = (file, name, shape, dtype)
-    missing = sorted(n for n in own if n not in found and not any(t in found for t in tied.get(n, ())))
-    unexpected = sorted(name for target, (_, name, _, _) in found.items() if target not in own)
-    wrong = [_mismatch(checkpoint, target, entry, own[target]) for target, entry in found.items() if target in own]
-    problems = [
-        f"{len(items)} {label}: {_first(items)}"
-        for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong", [w for w in wrong if w]))
-        if items
-    ]
-    if problems:
-        hint = "; module.checkpoint_rename maps its names to the module's" if unexpected and missing else ""
-        raise ConfigError(
-            "module.checkpoint", str(checkpoint.path), "does not fit the module: " + "; ".join(problems) + hint
-        )
-    loaded: dict[str, str] = {}  # module name -> the checkpoint name its storage was written from
-    with torch.no_grad():
-        for file in checkpoint.files:
-            direct, twins = {}, []
-            for target, (where, name, _, _) in found.items():
-                if where != file:
-                    continue
-                twin = next((t for t in tied.get(target, ()) if t in loaded), None)
-                if twin is None:
-                    direct[name] = own[target]
-                    loaded[target] = name
-                else:
-                    twins.append((twin, name))
-            files.copy_into(file, direct)  # straight into the module's tensors, a chunk at a time
-            for twin, name in twins:  # tied weights given twice must agree
-                if not torch.equal(own[twin], files.read(file, name).to(own[twin].dtype)):
-                    raise ConfigError(
-                        "module.checkpoint",
-                        str(checkpoint.path),
-                        f"holds different values for {loaded[twin]} and {name}, which the module ties together",
-                    )
-    log.debug("loaded %d tensors from %s", len(loaded), checkpoint.path)
-    return len(loaded)
-
-
-def _renamed(name: str, rename: Sequence[tuple[str, str]]) -> str:
-    for pattern, replacement in rename:
-        renamed, count = re.subn(pattern, replacement, name)
-        if count:
-            return renamed
-    return name
-
-
-def _tied_groups(own: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, ...]]:
-    """Each name of the state dict -> the other names sharing its storage."""
-    by_storage: dict[tuple, list[str]] = {}
-    for name, tensor in own.items():
-        if tensor.numel():
-            layout = (
-                tensor.untyped_storage().data_ptr(),
-                tensor.storage_offset(),
-                tuple(tensor.shape),
-                tensor.stride(),
-            )
-            by_storage.setdefault(layout, []).append(name)
-    return {n: tuple(m for m in names if m != n) for names in by_storage.values() if len(names) > 1 for n in names}
-
-
-def _check_index(checkpoint: Checkpoint, file: Path, table: Mapping[str, Any]) -> None:
-    """A sharded checkpoint's index and the shard's own header must agree on what it holds."""
-    if not checkpoint.weight_map:
-        return
-    listed = {name for name, shard in checkpoint.weight_map.items() if shard == file.name}
-    if listed != set(table):
-        absent, extra = sorted(listed - set(table)), sorted(set(table) - listed)
-        said = "; ".join(
-            part
-            for part in (f"lacks {_first(absent)}" if absent else "", f"also holds {_first(extra)}" if extra else "")
-            if part
-        )
-        raise ConfigError(
-            "module.checkpoint", str(checkpoint.path), f"shard {file.name} does not hold what its index says: {said}"
-        )
-
-
-def _mismatch(checkpoint: Checkpoint, target: str, entry: tuple[Path, str, list[int], str], want: torch.Tensor) -> str:
-    file, name, shape, dtype = entry
-    where = f"{name} in {checkpoint.name(file)}"
-    if list(shape) != list(want.shape):
-        return f"{where}: shape {list(shape)}, the module's {target} is {list(want.shape)}"
-    floating = {"float64", "float32", "float16", "bfloat16"}
-    module_dtype = dtype_name(want.dtype)
-    if dtype != module_dtype and not (dtype in floating and module_dtype in floating):
-        return f"{where}: dtype {dtype}, the module's {target} is {module_dtype}"
-    return ""
-
-
-def _first(items: list[str], shown: int = 5) -> str:
-    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:
+    """The target's dotted path, what it really is, its source file digest and
+    distribution; the checkpoint it was loaded from, file by file."""
+    obj = locate_target(spec.target)
+    try:
+        source = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+    except TypeError:
+        source = None
+    found = distribution_of(spec.target.split(".")[0])
+    checkpoint = None
+    if spec.checkpoint is not None:
+        files = [f for f in spec.input_files if f.key == "module.checkpoint"]
+        checkpoint = {
+            "path": str(spec.checkpoint.path),
+            # a lone file's digest; a directory's files are listed one by one
+            "sha256": digests[files[0].label] if not spec.checkpoint.path.is_dir() else None,
+            "format": spec.checkpoint.format,
+            "files": [{"file": f.name, "sha256": digests[f.label]} for f in files],
+            "rename": [{"pattern": p, "replace": r} for p, r in spec.checkpoint_rename],
+        }
+    return {
+        "target": spec.target,
+        "callable": real_name(obj),  # what the target really is: a class method by its class
+        "source_file": source,
+        "source_sha256": file_sha256(Path(source)) if source else None,
+        "distribution": {"name": found[0], "version": found[1]} if found else None,
+        "checkpoint": checkpoint,
+        "seed": spec.seed,
+    }

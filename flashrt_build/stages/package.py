@@ -1,15 +1,13 @@
-"""Stage 5: compile the exported graph with AOTInductor into a `.pt2` package."""
+"""Stage 5: the package as built: the tensors it binds (every one named,
+shaped and digested, the sidecar written for external weights), the state
+a stateful module threads, and the package sealed with the record of what a
+load relies on. Also the archive plumbing: the FQNs a model binds, read from
+its source; several methods' models combined into one .pt2."""
 
 from __future__ import annotations
 
-import contextlib
-import difflib
-import errno
-import fcntl
-import io
 import json
 import re
-import shutil
 import tempfile
 import zipfile
 from collections.abc import Mapping
@@ -17,151 +15,102 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
+from ..artifact import PACKAGE, SIDECAR, STATE
 from ..config.schema import WeightsMode
-from ..errors import BuildError, CompileError, ConfigError, first_lines, raise_all
-from ..runtime.manifest import CONTRACT_MEMBER, read_contract
-
-# Options flashrt_build sets itself, whatever the profile says.
-FORCED_OPTIONS: dict[str, Any] = {
-    # Tiny constants would otherwise be inlined into the code and vanish from
-    # get_constant_fqns(), so the manifest could not list every weight.
-    "always_keep_tensor_constants": True,
-}
-
-
-def mode_options(weights: WeightsMode) -> dict[str, Any]:
-    """Options the weights mode sets: external packages carry no constants."""
-    return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
+from ..config.spec import BuildSpec
+from ..errors import CompileError
+from ..runtime.contract import CONTRACT_MEMBER, load_contract, read_contract
+from ..runtime.dtypes import dtype_name
+from ..runtime.hashing import file_record
+from .export import Exported, output_specs
+from .progress import Stage
+from .weights import match_package_tensors, tensor_sha256, union_of_methods, write_sidecar
 
 
-def validate_inductor_options(options: Mapping[str, Any], weights: WeightsMode = WeightsMode.baked) -> dict[str, Any]:
-    """Check option names and value types against torch's Inductor config and
-    add the options flashrt_build sets itself."""
-    forced = {**FORCED_OPTIONS, **mode_options(weights)}
-    known = torch._inductor.config.get_config_copy()
-    problems = []
-    for key, value in options.items():
-        if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            problems.append(
-                ConfigError(
-                    f"inductor.options.{key}", value, f"not an Inductor option in torch {torch.__version__}{hint}"
-                )
-            )
-            continue
-        default = known[key]
-        if isinstance(default, bool) and not isinstance(value, bool):
-            problems.append(ConfigError(f"inductor.options.{key}", value, "expected true or false"))
-        elif key in forced and value != forced[key]:
-            problems.append(ConfigError(f"inductor.options.{key}", value, f"flashrt_build sets {forced[key]!r} here"))
-    raise_all(problems)
-    return {**options, **forced}
+def package_stage(
+    spec: BuildSpec,
+    module: torch.nn.Module,
+    exported: list[Exported],
+    compiled: Mapping[str, bool],
+    method_keys: Mapping[str, str],
+    toolchain: Mapping[str, Any],
+    staging: Path,
+) -> Stage[list[str]]:
+    """What the package binds and takes, as manifest sections; the package
+    sealed with the part of them a load relies on. Its value: the buffers
+    threaded as state (verification compares them)."""
+    package_path = staging / PACKAGE
+    bound = {
+        e.method.name: match_package_tensors(
+            e.program, package_constant_fqns(package_path, e.method.model), spec.target, e.prefix, e.state
+        )
+        for e in exported
+    }
+    tensors, inlined, unused = union_of_methods(bound) if spec.multi_method else bound[spec.default_method.name]
+    weights: dict[str, Any] = {"mode": spec.weights.value, "file": None, "sha256": None}
+    if spec.weights is WeightsMode.external:
+        weights.update(file=SIDECAR, **file_record(write_sidecar(staging / SIDECAR, tensors)))
+    elif spec.multi_method:
+        weights["copies"] = len(spec.methods)  # each method's model holds its own
+    threaded = sorted({name for e in exported for name in e.state})
+    default = next(e for e in exported if e.method == spec.default_method)
+    sections: dict[str, Any] = {
+        "weights": {
+            **weights,
+            "tensors": [t.to_json() for t in tensors],
+            # constants of the forward's code that Inductor compiled into the kernels
+            "inlined": [t.to_json() for t in inlined],
+            # module tensors the graph never reads: accepted in a checkpoint, not bound
+            "unused": unused,
+        },
+        "state": write_state(staging, module, threaded),
+        # the default method's (what m(...) calls); every method's under `methods`
+        "inputs": [inp.to_json() for inp in default.method.inputs],
+        "outputs": output_specs(default),
+        "methods": {
+            e.method.name: {
+                "method": e.method.attr,
+                "model": e.method.model,
+                "inputs": [inp.to_json() for inp in e.method.inputs],
+                "outputs": output_specs(e),
+                "kwargs": dict(e.method.kwargs),
+                "state": e.state,
+                "compiled": "reused" if compiled[e.method.name] else "built",
+                **({"method_key": method_keys[e.method.name]} if spec.multi_method else {}),
+            }
+            for e in exported
+        },
+        "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
+        "toolchain": dict(toolchain),
+    }
+    reused = all(compiled.values())
+    seal_package(package_path, load_contract(sections), already=reused)
+    sections["package"] = {"file": PACKAGE, **file_record(package_path), "reused": reused}
+    note = f"{sections['package']['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
+    if spec.weights is WeightsMode.external:
+        note += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
+    if inlined:
+        note += f", {len(inlined)} code constants inlined"
+    return Stage(threaded, note, sections)
 
 
-def compile_package(
-    program: torch.export.ExportedProgram,
-    options: Mapping[str, Any],
-    package_path: Path,
-    target: str,
-    cache_dir: Path | None = None,
-) -> Path:
-    """AOTInductor compile + package, with `options` already validated.
-
-    `cache_dir`: compile in this Inductor cache directory, emptied first. The
-    cache path ends up in comments, kernel file names and the .so, and a warm
-    cache appends compile commands to the sources, so a release build uses a
-    fresh one at a fixed path.
-    """
-    with contextlib.ExitStack() as stack:
-        if cache_dir is not None:
-            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-            cache_dir.parent.mkdir(parents=True, exist_ok=True)
-            lock = stack.enter_context(open(f"{cache_dir}.lock", "a"))  # one compile per cache dir at a time
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            shutil.rmtree(cache_dir, ignore_errors=True)
-            cache_dir.mkdir()
-            stack.enter_context(temporary_cache_dir(str(cache_dir)))
-        return _compile(program, options, package_path, target)
-
-
-def _compile(
-    program: torch.export.ExportedProgram, options: Mapping[str, Any], package_path: Path, target: str
-) -> Path:
-    package = _GuardedFile(package_path)
-    try:
-        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=dict(options))
-    except Exception as exc:
-        if package.error is None:
-            no_space = no_space_left(exc)
-            if no_space:
-                raise BuildError(f"no space left on the temp dir, where Inductor compiles: {no_space}") from exc
-            raise CompileError(
-                f"AOTInductor failed to compile {target} ({type(exc).__name__}): {first_lines(exc, 4)}"
-            ) from exc
-    finally:
-        package.close()
-    if package.error is not None:
-        raise BuildError(f"writing the package to {package_path} failed: {package.error}") from package.error
-    return package_path
-
-
-def no_space_left(exc: BaseException) -> str | None:
-    """The message of a "no space left on device" anywhere in an exception's chain, else None."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left on device" in str(seen):
-            return first_lines(seen, 1)
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-class _GuardedFile(io.RawIOBase):
-    """The package file as torch's archive writer sees it. torch writes the
-    archive in C++ and finishes it in a destructor; when a write fails there
-    (a full disk), the destructor throws and the process aborts. Here a failed
-    write is recorded and the rest skipped, so the build reports it instead."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self._file = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self.error: OSError | None = None
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        size = memoryview(data).nbytes
-        if self.error is None:
-            try:
-                self._file.write(data)
-            except OSError as exc:
-                self.error = exc
-        return size
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if self.error is None:
-            try:
-                return self._file.seek(offset, whence)
-            except OSError as exc:
-                self.error = exc
-        return 0
-
-    def tell(self) -> int:
-        return self._file.tell() if self.error is None else 0
-
-    def close(self) -> None:
-        if not self._file.closed:
-            try:
-                self._file.close()
-            except OSError as exc:
-                self.error = self.error or exc
-        super().close()
+def write_state(staging: Path, module: torch.nn.Module, names: list[str]) -> dict[str, Any] | None:
+    """The initial values of threaded buffers, beside the package."""
+    if not names:
+        return None
+    tensors = {name: module.get_buffer(name).detach().to("cpu").contiguous().clone() for name in names}
+    path = staging / STATE
+    save_file(tensors, str(path))
+    return {
+        "file": STATE,
+        **file_record(path),
+        "tensors": [
+            {"fqn": n, "shape": list(t.shape), "dtype": dtype_name(t.dtype), "sha256": tensor_sha256(t)}
+            for n, t in tensors.items()
+        ],
+    }
 
 
 def seal_package(package_path: Path, contract: Mapping[str, Any], already: bool = False) -> None:

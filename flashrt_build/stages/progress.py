@@ -7,18 +7,43 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("flashrt_build")
 
 
+T = TypeVar("T")
+
+
+@dataclass
+class Stage(Generic[T]):
+    """What a stage returns: its value for the next stage, the manifest
+    sections it fills, and its one-line note for the log."""
+
+    value: T
+    note: str = ""
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
 class StageTimer:
-    """Times the pipeline's stages; `timings` goes into the manifest."""
+    """Runs and times the pipeline's stages, logs a line for each, and keeps
+    the manifest sections they return; `timings` goes into the manifest."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.timings: dict[str, float] = {}
         self.notes: dict[str, str] = {}
+        self.sections: dict[str, Any] = {}
+
+    def run(self, stage: str, function: Callable[..., Stage[T]], *args: Any) -> T:
+        """`function(*args)` as the stage named `stage`: its value, its sections kept."""
+        with self.stage(stage):
+            done = function(*args)
+            self.notes[stage] = done.note
+        self.sections.update(done.sections)
+        return done.value
 
     @contextlib.contextmanager
     def stage(self, stage: str) -> Iterator[None]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -26,101 +25,18 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..config.spec import BuildSpec, MethodSpec
+from ..config.inputs import MethodSpec
+from ..config.spec import BuildSpec
 from ..errors import LoaderCrash, VerifyError, first_lines
+from ..runtime.gpu import gpu_of
 from ..runtime.manifest import method_bindings
+from .compare import LeafResult, compare_leaves, raise_on_mismatch
 from .inputs import make_inputs
+from .progress import Stage
 from .threads import RUN_THREADS_ENV
 from .verify_worker import PROGRESS
 
 log = logging.getLogger(__name__)
-
-# (atol, rtol) per output dtype. A leaf passes when its max absolute error is
-# within atol or its relative error ||out - ref|| / ||ref|| is within rtol.
-DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-8, 1e-8),
-    torch.float32: (1e-4, 1e-4),
-    torch.float16: (1e-2, 1e-2),
-    # bf16 keeps 8 mantissa bits: a 22-layer 1.1B Llama's logits differ from eager
-    # by 2.9% (relative) once Inductor fuses its kernels (H200, torch 2.11).
-    torch.bfloat16: (5e-2, 5e-2),
-}
-
-
-@dataclass
-class LeafResult:
-    path: str
-    shape: list[int]
-    dtype: str
-    max_abs_err: float
-    rel_err: float
-    atol: float
-    rtol: float
-    passed: bool
-    # How many values were compared: the finite ones of eager's output. Zero for
-    # a non-empty tensor means nothing was compared (all NaN or Inf), not a match.
-    compared: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @property
-    def nothing_compared(self) -> bool:
-        return self.compared == 0 and math.prod(self.shape) > 0
-
-
-def tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
-    default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
-    return (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
-
-
-def compare_outputs(
-    out: Any, ref: Any, atol: float | None, rtol: float | None, allow_nonfinite: bool = False
-) -> list[LeafResult]:
-    """Compare every leaf of two output trees (tuples, dicts, model outputs)."""
-    out_leaves, out_spec = pytree.tree_flatten(out)
-    ref_leaves, ref_spec = pytree.tree_flatten(ref)
-    if out_spec != ref_spec:
-        raise VerifyError(f"the package returns a different output structure: {out_spec} instead of {ref_spec}")
-    return compare_leaves(out_leaves, ref, atol, rtol, allow_nonfinite)
-
-
-def compare_leaves(
-    out_leaves: list[Any], ref: Any, atol: float | None, rtol: float | None, allow_nonfinite: bool = False
-) -> list[LeafResult]:
-    """`allow_nonfinite`: a leaf eager gives as all NaN or Inf passes when the
-    package gives the same; otherwise nothing could be compared, and it fails."""
-    paths = [pytree.keystr(p) or "output" for p, _ in pytree.tree_flatten_with_path(ref)[0]]
-    ref_leaves = pytree.tree_leaves(ref)
-    leaves = [_compare_leaf(path, o, r, atol, rtol) for path, o, r in zip(paths, out_leaves, ref_leaves, strict=True)]
-    for leaf in leaves:
-        if leaf.nothing_compared and not allow_nonfinite:
-            leaf.passed = False
-    return leaves
-
-
-def _compare_leaf(path: str, out: Any, ref: Any, atol: float | None, rtol: float | None) -> LeafResult:
-    if not isinstance(ref, torch.Tensor):  # a constant (None, an int): the same value, or a failure
-        equal = type(out) is type(ref) and bool(out == ref)
-        err = 0.0 if equal else math.inf
-        return LeafResult(path, [], type(ref).__name__, err, err, 0.0, 0.0, equal)
-    a, r = tolerances(ref.dtype, atol, rtol)
-    dtype = str(ref.dtype).removeprefix("torch.")
-    if not isinstance(out, torch.Tensor) or out.shape != ref.shape or out.dtype != ref.dtype:
-        return LeafResult(path, list(ref.shape), dtype, math.inf, math.inf, a, r, False)
-    o64, r64 = out.detach().double().cpu(), ref.detach().double().cpu()
-    # Non-finite values must sit where eager has the same non-finite value.
-    finite = torch.isfinite(r64)
-    same_nonfinite = torch.equal(torch.isnan(o64), torch.isnan(r64)) and torch.equal(
-        o64[torch.isinf(r64)], r64[torch.isinf(r64)]
-    )
-    diff = o64[finite] - r64[finite]
-    if not same_nonfinite or not torch.isfinite(diff).all():
-        return LeafResult(path, list(ref.shape), dtype, math.inf, math.inf, a, r, False)
-    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-    ref_norm = float(r64[finite].norm()) if diff.numel() else 0.0
-    rel = float(diff.norm()) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
-    return LeafResult(path, list(ref.shape), dtype, max_abs, rel, a, r, max_abs <= a or rel <= r, diff.numel())
 
 
 @dataclass
@@ -155,10 +71,7 @@ def plan_calls(spec: BuildSpec, repeat: int) -> list[Call]:
         calls += [Call(f"repeat {i + 1}", {}, {}, spec.default_method) for i in range(repeat)]
     for i, call in enumerate(calls):
         example = make_inputs(spec, seed=spec.seed + 1 + i, sizes=call.sizes, method=call.method)
-        positional = iter(example.args)
-        call.inputs = {
-            inp.name: next(positional) if inp.positional else example.kwargs[inp.name] for inp in call.method.inputs
-        }
+        call.inputs = example.named(call.method)
     return calls
 
 
@@ -178,8 +91,7 @@ def run_eager(module: torch.nn.Module, spec: BuildSpec, calls: list[Call], state
     with torch.no_grad():
         for call in calls:
             method = call.method
-            args = [call.inputs[i.name] for i in method.inputs if i.positional]
-            kwargs = {i.name: call.inputs[i.name] for i in method.inputs if not i.positional}
+            args, kwargs = method.call_args(call.inputs)
             try:
                 out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)
             except Exception as exc:
@@ -295,6 +207,19 @@ def _crash_remedy(cxx: str) -> str:
     )
 
 
+def verify_stage(
+    spec: BuildSpec, module: torch.nn.Module, staging: Path, draft: dict[str, Any], state: list[str]
+) -> Stage[dict[str, Any]]:
+    """In a fresh process, the package loaded as users load it (digests
+    checked, weights bound), against eager: the manifest's `verification`."""
+    record = verify(spec, module, staging, draft, state, spec.repeat, spec.verify_timeout)
+    record["gpu"] = gpu_of(spec.device)  # the worker runs on the build's device
+    note = f"{len(record['probes'])} calls in a fresh process passed"
+    if "bench" in record:
+        note += "; median ms " + ", ".join(f"{k} {v['median']:.3f}" for k, v in record["bench"]["ms"].items())
+    return Stage(record, note, {"verification": record})
+
+
 def verify(
     spec: BuildSpec,
     module: torch.nn.Module,
@@ -320,31 +245,17 @@ def verify(
             raise VerifyError(f"the package returns a different output structure at {call.label}: {out['spec']}")
         leaves = compare_leaves(out["leaves"], ref, spec.atol, spec.rtol, spec.allow_nonfinite)
         probes.append({"label": call.label, "sizes": call.sizes, "outputs": leaves})
-        _raise_on_mismatch(leaves, call.label)
+        raise_on_mismatch(leaves, call.label)
     state_leaves = compare_leaves(
         [result["state"][n] for n in state], [ref_state[n] for n in state], spec.atol, spec.rtol, spec.allow_nonfinite
     )
     for leaf, name in zip(state_leaves, state, strict=True):
         leaf.path = f"state.{name}"
-    _raise_on_mismatch(state_leaves, f"the end of the sequence ({len(calls)} calls)")
+    raise_on_mismatch(state_leaves, f"the end of the sequence ({len(calls)} calls)")
     record = _verification_record(probes, state_leaves, spec)
     if "bench" in result:
         record["bench"] = result["bench"]
     return record
-
-
-def _raise_on_mismatch(leaves: list[LeafResult], where: str) -> None:
-    for leaf in leaves:
-        if not leaf.passed and leaf.nothing_compared:
-            raise VerifyError(
-                f"package output {leaf.path} has no finite values to compare at {where}: eager's is all NaN or Inf "
-                "(the package's too, or it would differ); set verify.allow_nonfinite=true if that is expected"
-            )
-        if not leaf.passed:
-            raise VerifyError(
-                f"package output {leaf.path} differs from eager at {where}: max_abs_err={leaf.max_abs_err:.3g} "
-                f"(verify.atol {leaf.atol:g}), rel_err={leaf.rel_err:.3g} (verify.rtol {leaf.rtol:g})"
-            )
 
 
 def _verification_record(probes: list[dict[str, Any]], state: list[LeafResult], spec: BuildSpec) -> dict[str, Any]:

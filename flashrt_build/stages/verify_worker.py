@@ -66,8 +66,8 @@ def bench(manifest: dict, model: torch.nn.Module, inputs: dict[str, torch.Tensor
     spec = resolve_spec(as_build_config(manifest["config"]))
     eager = instantiate_module(spec)
     compiled = torch.compile(eager)
-    positional = [inputs[i.name] for i in spec.inputs if i.positional]
-    keyword = {i.name: inputs[i.name] for i in spec.inputs if not i.positional} | dict(spec.kwargs)
+    positional, keyword = spec.default_method.call_args(inputs)
+    keyword |= dict(spec.kwargs)
     return time_side_by_side(
         {
             "eager": lambda: eager(*positional, **keyword),

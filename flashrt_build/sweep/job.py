@@ -38,7 +38,8 @@ BUILD_RESULT = "build_result.json"  # what the build process reports back
 
 def run_sweep_job(cfg: DictConfig) -> int:
     """Build one job of a multirun and record the outcome; returns its exit code."""
-    from ..cache.reuse import reuse_config
+    from ..cache.plan import make_plan
+    from ..cache.reuse import reuse
 
     hydra = HydraConfig.get()
     job_dir = Path(hydra.runtime.output_dir)
@@ -58,8 +59,12 @@ def run_sweep_job(cfg: DictConfig) -> int:
     start = time.perf_counter()
     record["started_at"] = time.time()  # wall clock: a sweep's timeline across processes and GPUs
     try:
-        spec, reused = reuse_config(cfg)  # torch-free: an up-to-date job costs a fraction of a second
+        plan = make_plan(cfg)  # torch-free: an up-to-date job costs a fraction of a second
+        spec = plan.spec
         record.update(name=spec.name, output_dir=str(spec.output_dir))
+        reused = None if spec.device.startswith("cuda") else reuse(plan, say_why=False)
+        if reused is None:
+            plan.remembered.save(create=True)  # the build process reads what was hashed here, not the files
         if reused is not None:
             outcome: dict[str, Any] = {"status": reused[0]}
         else:

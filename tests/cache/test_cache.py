@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import flashrt_build
-import flashrt_build.pipeline as pipeline
+import flashrt_build.cache.compiled as compiled
 from flashrt_build.config.compose import compose
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 def test_an_identical_build_is_a_no_op(mlp_build: flashrt_build.BuildResult) -> None:
     out = mlp_build.output_dir
-    with mock.patch.object(pipeline, "compile_package", wraps=pipeline.compile_package) as compiler:
+    with mock.patch.object(compiled, "compile_package", wraps=compiled.compile_package) as compiler:
         again = flashrt_build.build(compose(["+module=mlp", f"output_dir={out}", f"output_root={out.parent}"]))
     assert again.status == "up_to_date" and compiler.call_count == 0
     assert again.manifest["build_key"] == mlp_build.manifest["build_key"]
@@ -106,7 +106,7 @@ def test_an_unverified_artifact_is_not_up_to_date_for_a_verified_build(tmp_path:
 def test_an_identical_build_elsewhere_is_linked_from_the_store(mlp_build: flashrt_build.BuildResult) -> None:
     root = mlp_build.output_dir.parent
     copy = root / "copy"
-    with mock.patch.object(pipeline, "compile_package", wraps=pipeline.compile_package) as compiler:
+    with mock.patch.object(compiled, "compile_package", wraps=compiled.compile_package) as compiler:
         result = flashrt_build.build(compose(["+module=mlp", f"output_dir={copy}", f"output_root={root}"]))
     assert result.status == "from_store" and compiler.call_count == 0
     assert (copy / "model.pt2").stat().st_ino == (mlp_build.output_dir / "model.pt2").stat().st_ino

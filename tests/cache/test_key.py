@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import flashrt_build
-from flashrt_build.cache.key import key_ingredients, source_tree_sha256
+from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
-from flashrt_build.config.spec import resolve_spec
+from flashrt_build.config.targets import source_tree_sha256
 
 
 def test_the_tool_ingredient_covers_every_folder_of_flashrt_build() -> None:
@@ -15,7 +15,7 @@ def test_the_tool_ingredient_covers_every_folder_of_flashrt_build() -> None:
     in any stage (stages/, runtime/, ...) must invalidate built artifacts."""
     package = Path(flashrt_build.__file__).resolve().parent
     sha, files = source_tree_sha256(str(package))
-    assert key_ingredients(resolve_spec(compose(["+module=mlp"])))["flashrt_build"] == sha
+    assert make_plan(compose(["+module=mlp"])).ingredients["flashrt_build"] == sha
     assert files == len(list(package.rglob("*.py"))) and {"stages", "runtime", "config"} <= {
         p.parent.name for p in package.rglob("*.py")
     }

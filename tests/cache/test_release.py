@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flashrt_build.runtime.manifest import file_sha256
+from flashrt_build.runtime.hashing import file_sha256
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -274,7 +274,10 @@ def test_a_manifest_that_cannot_be_trusted_is_refused(
             "weights.mode is 'sideways', expected baked or external",
         ),
         "missing": (lambda m: m.pop("inputs"), "inputs is missing; the manifest cannot be trusted"),
-        "type": (lambda m: m["weights"]["tensors"][0].update(shape="big"), 'weights.tensors[0].shape is "big"'),
+        "type": (
+            lambda m: m["weights"]["tensors"][0].update(shape="big"),
+            "weights.tensors[0].shape is 'big', expected array",
+        ),
         "escape": (
             lambda m: m["package"].update(file="../model.pt2"),
             "package.file is '../model.pt2', expected a file",

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 import flashrt_build
-from flashrt_build.runtime.manifest import file_sha256
+from flashrt_build.runtime.hashing import file_sha256
 
 
 def cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:

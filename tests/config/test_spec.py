@@ -313,7 +313,7 @@ def test_a_long_variant_is_shortened_keeping_variants_apart() -> None:
 def test_release_allows_exactly_the_shipped_configs_targets() -> None:
     import yaml
 
-    from flashrt_build.config.spec import RELEASE_TARGETS, find_targets
+    from flashrt_build.config.targets import RELEASE_TARGETS, find_targets
 
     shipped = {
         target
@@ -354,7 +354,7 @@ def test_allowed_targets_check_what_a_target_really_is(tmp_path: Path, where: st
 
 
 def test_a_pattern_naming_a_path_exactly_admits_it_as_written() -> None:
-    from flashrt_build.config.spec import target_allowed
+    from flashrt_build.config.targets import target_allowed
 
     real = "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel"
     assert target_allowed("transformers.GPT2LMHeadModel", ["transformers.GPT2LMHeadModel"], real)

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
-from flashrt_build.runtime.manifest import file_record
+from flashrt_build.runtime.hashing import file_record
 
 pytestmark = pytest.mark.slow
 

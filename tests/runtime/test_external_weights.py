@@ -15,11 +15,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
-import flashrt_build.pipeline as pipeline
+import flashrt_build.cache.compiled as compiled
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.runtime.checkpoint import check_checkpoint
-from flashrt_build.runtime.manifest import file_sha256
+from flashrt_build.runtime.hashing import file_sha256
 from flashrt_build.stages.module import instantiate_module
 from flashrt_build.stages.weights import tensor_sha256
 
@@ -174,7 +174,7 @@ def test_checkpoint_only_rebuild_reuses_the_package(
 ) -> None:
     out = mlp_external_build.output_dir.parent / "swapped"
     overrides = ["+module=mlp", "weights=external", f"module.checkpoint={mlp_checkpoint}"]
-    with mock.patch.object(pipeline, "compile_package", wraps=pipeline.compile_package) as compiler:
+    with mock.patch.object(compiled, "compile_package", wraps=compiled.compile_package) as compiler:
         start = time.perf_counter()
         result = flashrt_build.build(compose([*overrides, f"output_dir={out}", f"output_root={out.parent}"]))
         elapsed = time.perf_counter() - start
@@ -245,5 +245,8 @@ def test_a_files_floating_point_tensors_are_cast_the_callers_are_not(
     assert model.bound_weights["fc1.weight"].dtype == torch.float32
     torch.testing.assert_close(model.bound_weights["fc1.weight"], half["fc1.weight"].float())
     assert check_checkpoint(mlp_external_build.output_dir, tmp_path / "bf16.safetensors") == {}
-    with pytest.raises(flashrt_build.WeightsMismatch, match="wrong dtype: fc1.weight bfloat16"):
+    with pytest.raises(
+        flashrt_build.WeightsMismatch,
+        match=r"wrong dtype: fc1.bias bfloat16 \(package expects float32\), fc1.weight bfloat16",
+    ):
         flashrt_build.load(mlp_external_build.output_dir, weights=half)

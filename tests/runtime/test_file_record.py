@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flashrt_build.runtime import manifest as mf
-from flashrt_build.runtime.manifest import altered_digest, chunk_spans, file_record
+from flashrt_build.runtime import hashing as mf
+from flashrt_build.runtime.hashing import altered_digest, chunk_spans, file_record
 
 
 def write(path: Path, size: int, seed: int = 0) -> Path:

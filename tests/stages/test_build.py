@@ -13,7 +13,7 @@ import flashrt_build
 from flashrt_build.artifact import SCHEMA
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
-from flashrt_build.runtime.manifest import file_sha256
+from flashrt_build.runtime.hashing import file_sha256
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_module
 from flashrt_build.stages.publish import STAGING_PREFIX
@@ -275,3 +275,14 @@ def test_values_outside_a_declared_range_are_refused_by_the_loaded_package(
         model(input_ids=ids)
     ids[1, 5] = 999
     assert model(input_ids=ids).logits.shape == (2, 8, 1000)
+
+
+def test_the_key_and_the_manifest_describe_one_toolchain(mlp_build: flashrt_build.BuildResult) -> None:
+    """One description (config/toolchain.py): the key hashes its key fields,
+    the manifest records it whole, so the two cannot disagree (the CPU ISA
+    once came from /proc/cpuinfo for one and from torch for the other)."""
+    from flashrt_build.config.toolchain import KEY_FIELDS, key_fields
+
+    manifest = mlp_build.manifest
+    assert key_fields(manifest["toolchain"]) == manifest["key_ingredients"]["toolchain"]
+    assert set(KEY_FIELDS) <= set(manifest["toolchain"]) and manifest["toolchain"]["torch"] == torch.__version__

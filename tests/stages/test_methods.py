@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 
 import flashrt_build
-import flashrt_build.pipeline as pipeline
+import flashrt_build.cache.compiled as compiled
 from flashrt_build.config.compose import as_build_config, compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, ExportError
@@ -114,7 +114,7 @@ def test_t5_encode_then_decode_matches_eager(t5_build: flashrt_build.BuildResult
 @pytest.mark.slow
 def test_changing_one_methods_inputs_recompiles_that_method_only(lm_build: flashrt_build.BuildResult) -> None:
     out = lm_build.output_dir.parent / "decode-changed"
-    with mock.patch.object(pipeline, "compile_package", wraps=pipeline.compile_package) as compiler:
+    with mock.patch.object(compiled, "compile_package", wraps=compiled.compile_package) as compiler:
         changed = build(
             "+module=tiny_lm", "weights=external", "module.methods.decode.inputs.position.low=20", output_dir=out
         )
@@ -171,8 +171,12 @@ def lm_config(**module: object) -> dict:
     ids=["bad-shape", "inputs-and-methods", "reserved-name", "no-such-method"],
 )
 def test_method_errors_name_the_method_and_key(config: object, key: str, needle: str) -> None:
+    from flashrt_build.stages.preflight import preflight
+
     with pytest.raises(ConfigError) as info:
-        instantiate_module(resolve_spec(as_build_config(config)))
+        spec = resolve_spec(as_build_config(config))
+        preflight(spec)
+        instantiate_module(spec)
     problems = getattr(info.value, "problems", [info.value])
     assert any(p.key == key and needle in str(p) for p in problems), str(info.value)
 
@@ -198,3 +202,24 @@ def test_manifests_without_methods_still_load_as_one_forward(tmp_path: Path) -> 
         }
     }
     json.dumps(old)
+
+
+@pytest.mark.parametrize("name", ["training", "default_method", "zero_grad", "named_parameters", "bound_weights"])
+def test_an_entry_point_named_like_a_loaded_packages_attribute_is_refused(name: str) -> None:
+    """The hand-copied list of reserved names missed these: such a method was silently shadowed."""
+    from flashrt_build.stages.preflight import preflight
+
+    with pytest.raises(ConfigError) as info:
+        decode = {"method": "decode", "inputs": {"input_ids": {"shape": [1, 1], "dtype": "int64"}}}
+        preflight(resolve_spec(as_build_config(lm_config(methods={name: decode}))))
+    assert f"module.methods.{name}" in str(info.value) and "LoadedModule attribute" in str(info.value)
+
+
+@pytest.mark.slow
+def test_every_attribute_of_a_loaded_package_is_a_reserved_name(lm_build: flashrt_build.BuildResult) -> None:
+    """Derived from LoadedModule itself: no attribute of a real loaded package escapes the check."""
+    from flashrt_build.runtime.load import attribute_names
+
+    loaded = flashrt_build.load(lm_build.output_dir)
+    own = set(dir(loaded)) - set(loaded.methods)  # the entry points themselves are reached through __getattr__
+    assert own <= attribute_names()

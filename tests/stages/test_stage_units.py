@@ -11,24 +11,19 @@ import torch
 from safetensors.torch import save_file
 from transformers.modeling_outputs import BaseModelOutput
 
-from flashrt_build.config.checkpoint import resolve_checkpoint
 from flashrt_build.config.compose import CONF_DIR, compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, VerifyError
 from flashrt_build.runtime.checkpoint import read_checkpoint
+from flashrt_build.runtime.formats import resolve_checkpoint
+from flashrt_build.stages.checkpoint import load_checkpoint
+from flashrt_build.stages.compare import compare_outputs, raise_on_mismatch, tolerances
+from flashrt_build.stages.compile import FORCED_OPTIONS
 from flashrt_build.stages.export import export_module
 from flashrt_build.stages.inputs import dynamic_shapes, make_inputs
-from flashrt_build.stages.module import instantiate_module, load_checkpoint
-from flashrt_build.stages.package import FORCED_OPTIONS, validate_inductor_options
-from flashrt_build.stages.verify import (
-    _raise_on_mismatch,
-    _what,
-    _where,
-    compare_outputs,
-    plan_calls,
-    run_eager,
-    tolerances,
-)
+from flashrt_build.stages.module import instantiate_module
+from flashrt_build.stages.preflight import validate_inductor_options
+from flashrt_build.stages.verify import _what, _where, plan_calls, run_eager
 from flashrt_build.stages.weights import tensor_sha256
 
 
@@ -134,8 +129,10 @@ def test_nested_targets_build_a_transformers_model_from_its_config() -> None:
 
 
 def test_unimportable_target_is_a_config_error() -> None:
+    from flashrt_build.stages.preflight import preflight
+
     with pytest.raises(ConfigError, match=r"module.model._target_' = 'nope.Missing': cannot be imported"):
-        instantiate_module(spec_of("+module=mlp", "module.model._target_=nope.Missing"))
+        preflight(spec_of("+module=mlp", "module.model._target_=nope.Missing"))
 
 
 def test_checkpoint_formats_read_the_same(tmp_path: Path) -> None:
@@ -197,7 +194,7 @@ def test_an_output_without_finite_values_is_reported_not_passed() -> None:
     (leaf,) = compare_outputs(nan.clone(), nan, 1e9, 1e9)
     assert not leaf.passed and leaf.compared == 0 and leaf.nothing_compared
     with pytest.raises(VerifyError, match="package output output has no finite values to compare at call 'x'"):
-        _raise_on_mismatch([leaf], "call 'x'")
+        raise_on_mismatch([leaf], "call 'x'")
     (allowed,) = compare_outputs(nan.clone(), nan, 1e9, 1e9, allow_nonfinite=True)
     assert allowed.passed and allowed.compared == 0  # the config said so, and the package agrees
     (differs,) = compare_outputs(torch.zeros(2, 3), nan, 1e9, 1e9, allow_nonfinite=True)
@@ -285,7 +282,7 @@ def test_every_shipped_config_instantiates(name: str, tmp_path: Path) -> None:
     from hydra.utils import instantiate
 
     from flashrt_build.examples import save_gpt2_tiny
-    from flashrt_build.stages.module import check_targets
+    from flashrt_build.stages.preflight import check_targets
 
     overrides = [f"+module={name}"]
     if name == "pretrained_gpt2":

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 import flashrt_build
-from flashrt_build.cache.key import build_keys, key_ingredients
+from flashrt_build.cache.plan import make_plan
 from flashrt_build.cli import variant_of
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError
-from flashrt_build.runtime.manifest import file_sha256, read_manifest
+from flashrt_build.runtime.hashing import file_sha256
+from flashrt_build.runtime.manifest import read_manifest
 from flashrt_build.stages.threads import apply_threads, available_cpus, job_threads
 from flashrt_build.sweep import gpus
 from flashrt_build.sweep.job import RECORD
@@ -247,7 +248,7 @@ def test_threads_is_checked_and_changes_neither_key_nor_directory() -> None:
     plain = resolve_spec(compose(["+module=mlp"]))
     threaded = resolve_spec(compose(["+module=mlp", "threads=3"]))
     assert threaded.threads == 3 and threaded.output_dir == plain.output_dir
-    assert build_keys(key_ingredients(threaded)) == build_keys(key_ingredients(plain))
+    assert make_plan(compose(["+module=mlp", "threads=3"])).keys == make_plan(compose(["+module=mlp"])).keys
     assert variant_of(["+module=mlp", "threads=3", "seed=2"]) == "seed_2"
     with pytest.raises(ConfigError, match="'threads' = 0"):
         resolve_spec(compose(["+module=mlp", "threads=0"]))

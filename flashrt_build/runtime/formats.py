@@ -1,4 +1,4 @@
-"""Checkpoints, looked at before any work and without torch: a file, or a
+"""Checkpoint files, looked at without torch (so the config checks can, before any work): a file, or a
 directory as `save_pretrained` writes it (an index naming its shards, or a
 lone `model.safetensors` / `pytorch_model.bin`). Each file must be complete
 and of a format the build reads (safetensors, or a torch state dict: a zip
@@ -15,14 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from .dtypes import ITEMSIZE
 
-# Bytes per element of safetensors' dtypes.
-_ITEMSIZE = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4,
-    "U64": 8, "I64": 8, "F64": 8, "C64": 8,
-}  # fmt: skip
 _MAX_HEADER = 100 << 20  # safetensors' own limit
 
 
@@ -94,7 +88,7 @@ def _check_safetensors(text: bytes, data_size: int) -> None:
             count = 1
             for n in entry["shape"]:
                 count *= int(n)
-            itemsize = _ITEMSIZE.get(entry["dtype"])
+            itemsize = ITEMSIZE.get(entry["dtype"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"a safetensors file whose header entry for {name!r} is malformed") from None
         if not 0 <= begin <= stop or (itemsize is not None and stop - begin != count * itemsize):

@@ -1,0 +1,9 @@
+"""The commands besides the build, each also `python -m flashrt_build.NAME`:
+
+    doctor.py   python -m flashrt_build.doctor: the toolchain check and canary build
+    check.py    python -m flashrt_build.check: does a checkpoint fit a built package?
+    repro.py    python -m flashrt_build.repro: rebuild a release, compare it member by member
+    clean.py    python -m flashrt_build.store clean: prune the build store
+
+May import anything of flashrt_build; nothing imports them but their shims.
+"""

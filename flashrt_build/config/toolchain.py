@@ -1,0 +1,152 @@
+"""What builds a package, described once and without importing torch: the
+compiler (which one a config means, its version, the -march it takes), torch,
+CUDA, the CPU. The build key hashes part of this description and the
+manifest records all of it, so the two cannot disagree."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+@functools.cache
+def compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=False)
+        return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def compiler_path(cxx: str | None) -> str:
+    """The compiler Inductor will call: toolchain.cxx, else $CXX, else g++."""
+    name = cxx or os.environ.get("CXX") or "g++"
+    return shutil.which(name) or name
+
+
+def cpu_isa() -> str:
+    """The vector ISA a CPU package is compiled for by default (-march=native)."""
+    try:
+        flags = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return platform.machine()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "AVX512"
+    return "AVX2" if "avx2" in flags else platform.machine()
+
+
+def check_compiler(cxx: str | None) -> None:
+    """The compiler a build would call must exist: `toolchain.cxx`, else the
+    CXX environment variable, else g++. A ConfigError names whichever chose it."""
+    if cxx is not None:
+        if shutil.which(cxx) is None:
+            raise ConfigError("toolchain.cxx", cxx, "no such compiler on PATH")
+    elif os.environ.get("CXX"):
+        if shutil.which(os.environ["CXX"]) is None:
+            raise ConfigError(
+                "CXX",
+                os.environ["CXX"],
+                "no such compiler on PATH; with toolchain.cxx null the build uses $CXX: fix it or set toolchain.cxx",
+                "environment variable",
+            )
+    elif shutil.which("g++") is None:
+        raise ConfigError("toolchain.cxx", None, "no C++ compiler: g++ is not on PATH; set toolchain.cxx or CXX")
+
+
+@functools.cache
+def march_rejected(cxx: str, march: str) -> str | None:
+    """None when the compiler accepts `-march=<march>`, else its complaint."""
+    try:
+        out = subprocess.run(
+            [cxx, f"-march={march}", "-x", "c++", "-fsyntax-only", "-"],
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if out.returncode == 0:
+        return None
+    lines = [line.strip() for line in out.stderr.splitlines() if "error" in line.lower()]
+    return (lines or out.stderr.strip().splitlines() or ["failed"])[0]
+
+
+# The toolchain fields an artifact's bytes depend on (the build key's);
+# the manifest records these and the rest of the description.
+KEY_FIELDS = ("torch", "python", "cxx", "cuda", "cpu_isa", "gpu")
+
+
+def describe_toolchain(cxx: str | None, gpu: dict[str, Any] | None) -> dict[str, Any]:
+    """The toolchain section of the manifest. `cxx`: the config's compiler
+    (`toolchain.cxx`, null for $CXX or g++); `gpu`: the target GPU's identity
+    (`runtime.gpu.gpu_of`), None for a CPU target."""
+    path = compiler_path(cxx)
+    return {
+        "torch": torch_version_file("version") or _version("torch"),
+        "python": platform.python_version(),
+        "hydra_core": _version("hydra-core"),
+        "omegaconf": _version("omegaconf"),
+        "safetensors": _version("safetensors"),
+        "cxx": {"path": path, "version": compiler_version(path)},
+        "cuda": torch_cuda_version(),
+        "gpu": gpu,
+        "cpu_isa": cpu_isa(),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+        "lock": _lock_file(),
+    }
+
+
+def key_fields(toolchain: dict[str, Any]) -> dict[str, Any]:
+    """What of a toolchain description the build key hashes: the GPU's
+    architecture, not which card (a build on cuda:1 is the build on cuda:0)."""
+    key = {field: toolchain[field] for field in KEY_FIELDS}
+    gpu = toolchain["gpu"]
+    key["gpu"] = {k: gpu[k] for k in ("name", "capability")} if gpu else None
+    return key
+
+
+def torch_cuda_version() -> str | None:
+    """torch.version.cuda, without importing torch."""
+    return torch_version_file("cuda")
+
+
+def torch_version_file(field: str) -> str | None:
+    """A field of torch's version.py (`__version__` with its local part,
+    "2.14.1+cu130"; `cuda`), read without importing torch."""
+    found = importlib.util.find_spec("torch")
+    if found is None or not found.submodule_search_locations:
+        return None
+    text = (Path(found.submodule_search_locations[0]) / "version.py").read_text()
+    name = "__version__" if field == "version" else field
+    match = re.search(rf"^{name}\s*(?::[^=]*)?=\s*['\"]([^'\"]*)['\"]", text, re.M)
+    return match.group(1) if match else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _lock_file() -> dict[str, str] | None:
+    """The pinned lock this checkout installs from (requirements.lock), if any."""
+    path = Path(__file__).resolve().parents[2] / "requirements.lock"
+    if not path.is_file():
+        return None
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}

@@ -1,0 +1,72 @@
+"""Stage 7: the manifest, assembled in one place from the sections the
+stages returned, in the order of its schema (runtime/manifest.schema.json)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import __version__
+from ..artifact import SCHEMA
+from ..config.spec import BuildSpec
+from ..runtime.hashing import config_sha256
+from ..runtime.manifest import Manifest
+
+UNVERIFIED = {"enabled": False, "passed": None}
+
+
+def assemble_manifest(
+    spec: BuildSpec,
+    sections: Mapping[str, Any],
+    *,
+    options: Mapping[str, Any],
+    keys: Mapping[str, str],
+    ingredients: Mapping[str, Any],
+    digests: Mapping[str, str],
+    timings: dict[str, float],
+) -> Manifest:
+    """The manifest of a build: `sections` are the stages' (module, package,
+    weights, state, inputs, outputs, methods, target, toolchain, and
+    verification once it ran); the rest is the plan's."""
+    return {
+        "schema": SCHEMA,
+        "name": spec.name,
+        "flashrt_build": __version__,
+        "module": sections["module"],
+        # every file the build read (the checkpoint's shards, a from_pretrained directory): inputs of its key
+        "build_inputs": [
+            {
+                "key": f.key,
+                "file": f.name,
+                "path": str(f.path),
+                "bytes": f.path.stat().st_size,
+                "sha256": digests[f.label],
+                "kind": f.kind,
+            }  # fmt: skip
+            for f in spec.input_files
+        ],
+        "package": sections["package"],
+        "weights": sections["weights"],
+        "state": sections["state"],
+        "inputs": sections["inputs"],
+        "outputs": sections["outputs"],
+        "methods": sections["methods"],
+        "target": sections["target"],
+        "toolchain": sections["toolchain"],
+        "inductor": {"options": _jsonable(options)},
+        "release": spec.release,
+        "config": dict(spec.config),
+        "config_sha256": config_sha256(spec.config),
+        "graph_key": keys["graph_key"],
+        "build_key": keys["build_key"],
+        "key_ingredients": dict(ingredients),
+        "verification": sections.get("verification", UNVERIFIED),
+        "timings": timings,  # the timer's own record: it still grows by the manifest stage after the write
+    }
+
+
+def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: (v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else repr(v))
+        for k, v in options.items()
+    }

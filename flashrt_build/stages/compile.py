@@ -1,0 +1,135 @@
+"""Stage 5: AOTInductor compiles each exported graph into a `.pt2` package:
+Inductor's options validated, a fresh cache for a reproducible release, a
+full disk or a compiler failure said in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import io
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config.schema import WeightsMode
+from ..errors import BuildError, CompileError, first_lines
+
+# Options flashrt_build sets itself, whatever the profile says.
+FORCED_OPTIONS: dict[str, Any] = {
+    # Tiny constants would otherwise be inlined into the code and vanish from
+    # get_constant_fqns(), so the manifest could not list every weight.
+    "always_keep_tensor_constants": True,
+}
+
+
+def mode_options(weights: WeightsMode) -> dict[str, Any]:
+    """Options the weights mode sets: external packages carry no constants."""
+    return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
+
+
+def compile_package(
+    program: torch.export.ExportedProgram,
+    options: Mapping[str, Any],
+    package_path: Path,
+    target: str,
+    cache_dir: Path | None = None,
+) -> Path:
+    """AOTInductor compile + package, with `options` already validated.
+
+    `cache_dir`: compile in this Inductor cache directory, emptied first. The
+    cache path ends up in comments, kernel file names and the .so, and a warm
+    cache appends compile commands to the sources, so a release build uses a
+    fresh one at a fixed path.
+    """
+    with contextlib.ExitStack() as stack:
+        if cache_dir is not None:
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+            cache_dir.parent.mkdir(parents=True, exist_ok=True)
+            lock = stack.enter_context(open(f"{cache_dir}.lock", "a"))  # one compile per cache dir at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            cache_dir.mkdir()
+            stack.enter_context(temporary_cache_dir(str(cache_dir)))
+        return _compile(program, options, package_path, target)
+
+
+def _compile(
+    program: torch.export.ExportedProgram, options: Mapping[str, Any], package_path: Path, target: str
+) -> Path:
+    package = _GuardedFile(package_path)
+    try:
+        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=dict(options))
+    except Exception as exc:
+        if package.error is None:
+            no_space = no_space_left(exc)
+            if no_space:
+                raise BuildError(f"no space left on the temp dir, where Inductor compiles: {no_space}") from exc
+            raise CompileError(
+                f"AOTInductor failed to compile {target} ({type(exc).__name__}): {first_lines(exc, 4)}"
+            ) from exc
+    finally:
+        package.close()
+    if package.error is not None:
+        raise BuildError(f"writing the package to {package_path} failed: {package.error}") from package.error
+    return package_path
+
+
+def no_space_left(exc: BaseException) -> str | None:
+    """The message of a "no space left on device" anywhere in an exception's chain, else None."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left on device" in str(seen):
+            return first_lines(seen, 1)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class _GuardedFile(io.RawIOBase):
+    """The package file as torch's archive writer sees it. torch writes the
+    archive in C++ and finishes it in a destructor; when a write fails there
+    (a full disk), the destructor throws and the process aborts. Here a failed
+    write is recorded and the rest skipped, so the build reports it instead."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._file = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        if self.error is None:
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                self.error = exc
+        return size
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.error is None:
+            try:
+                return self._file.seek(offset, whence)
+            except OSError as exc:
+                self.error = exc
+        return 0
+
+    def tell(self) -> int:
+        return self._file.tell() if self.error is None else 0
+
+    def close(self) -> None:
+        if not self._file.closed:
+            try:
+                self._file.close()
+            except OSError as exc:
+                self.error = self.error or exc
+        super().close()

@@ -1,0 +1,138 @@
+"""The checks of a resolved config that need torch, in one step right after
+resolving and before any work: Inductor's option names and types, the
+device, entry-point names a loaded package's own attributes would shadow,
+and every `_target_` located as Hydra locates it and checked against the
+allow-list by what it really is. Every problem is reported at once, as the
+config's own checks (flashrt_build/config/) do; checks of the module itself
+(its checkpoint, its inputs) are its stages'."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from hydra._internal.utils import _locate
+
+from ..config.schema import WeightsMode
+from ..config.spec import BuildSpec
+from ..config.targets import allowed_targets, find_targets, target_allowed
+from ..errors import ConfigError, ConfigErrors, first_lines, raise_all
+from ..runtime.load import attribute_names
+from .compile import FORCED_OPTIONS, mode_options
+
+
+def preflight(spec: BuildSpec) -> dict[str, Any]:
+    """Raise every problem found; return the Inductor options to compile with."""
+    problems: list[ConfigError] = []
+
+    def collect(check: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return check(*args)
+        except ConfigErrors as exc:
+            problems.extend(exc.problems)
+        except ConfigError as exc:
+            problems.append(exc)
+        return None
+
+    options = collect(validate_inductor_options, spec.inductor_options, spec.weights)
+    collect(check_device, spec.device)
+    collect(check_method_names, spec)
+    collect(check_targets, spec)
+    raise_all(problems)
+    return options
+
+
+def check_method_names(spec: BuildSpec) -> None:
+    """An entry point named like an attribute of every loaded package
+    (`training`, `to`, `state`...) would be shadowed by it: `m.NAME` must reach it."""
+    if not spec.multi_method:
+        return  # a lone forward is `m(...)`
+    taken = attribute_names()
+    raise_all(
+        [
+            ConfigError(
+                m.key,
+                m.name,
+                "is a LoadedModule attribute (every loaded package has it), which would shadow this method; "
+                "name the entry point otherwise",
+            )
+            for m in spec.methods
+            if m.name in taken and not (m.name == "forward" and m.attr == "forward")  # m.forward() runs it anyway
+        ]
+    )
+
+
+def locate_target(target: str, key: str = "module.model._target_") -> Any:
+    """The object a dotted `_target_` names, found the way Hydra's instantiate
+    finds it (modules, then attributes: a class method or a factory is a
+    target too), or a ConfigError naming the key."""
+    try:
+        return _locate(target)
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        why = f"{type(cause).__name__}: {first_lines(cause, 1)}"
+        raise ConfigError(key, target, f"cannot be imported ({why})") from None
+
+
+def real_name(obj: Any) -> str | None:
+    """`module.qualname` of what a target really is (a bound class method by
+    its function), or None for an object that does not say."""
+    function = getattr(obj, "__func__", obj)
+    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else None
+
+
+def check_targets(spec: BuildSpec) -> None:
+    """Every `_target_` of the module, at any depth, located and, when
+    `allowed_targets` (or the release profile) restricts them, checked by what
+    the object really is, before anything is instantiated."""
+    patterns = allowed_targets(spec.config)
+    for key, target in find_targets(spec.model, "module.model"):
+        obj = locate_target(target, key)
+        if not patterns:
+            continue
+        name = real_name(obj)
+        if name is None and target not in patterns:
+            what = f"is a {type(obj).__name__} that names no module"
+            raise ConfigError(key, target, f"{what}; allowed_targets: {patterns}")
+        if not target_allowed(target, patterns, name):
+            raise ConfigError(key, target, f"is {name}, which allowed_targets does not admit: {patterns}")
+
+
+def check_device(device: str) -> None:
+    """A CUDA target needs that GPU here: a ConfigError naming what is missing."""
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        why = f"torch {torch.__version__} is a CPU build" if torch.version.cuda is None else "none is visible"
+        raise ConfigError("target.device", device, f"no CUDA device is available here: {why} (use target=cpu)")
+    index, count = torch.device(device).index or 0, torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError("target.device", device, f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}")
+
+
+def validate_inductor_options(options: Mapping[str, Any], weights: WeightsMode = WeightsMode.baked) -> dict[str, Any]:
+    """Check option names and value types against torch's Inductor config and
+    add the options flashrt_build sets itself."""
+    forced = {**FORCED_OPTIONS, **mode_options(weights)}
+    known = torch._inductor.config.get_config_copy()
+    problems = []
+    for key, value in options.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            problems.append(
+                ConfigError(
+                    f"inductor.options.{key}", value, f"not an Inductor option in torch {torch.__version__}{hint}"
+                )
+            )
+            continue
+        default = known[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            problems.append(ConfigError(f"inductor.options.{key}", value, "expected true or false"))
+        elif key in forced and value != forced[key]:
+            problems.append(ConfigError(f"inductor.options.{key}", value, f"flashrt_build sets {forced[key]!r} here"))
+    raise_all(problems)
+    return {**options, **forced}
