@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from clitools import cli, module_conf
 
 import flashrt_build
 from flashrt_build.config.compose import compose
@@ -19,25 +19,6 @@ from flashrt_build.stages.inputs import dynamic_shapes, make_inputs
 from flashrt_build.stages.module import instantiate_module
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def cli(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "", "FLASHRT_TRACEBACK": ""}
-    return subprocess.run(
-        [sys.executable, "-m", "flashrt_build", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def user_conf(tmp_path: Path, name: str, body: str) -> Path:
-    conf = tmp_path / "conf"
-    (conf / "module").mkdir(parents=True, exist_ok=True)
-    (conf / "module" / f"{name}.yaml").write_text(body)
-    return conf
 
 
 @pytest.mark.parametrize(
@@ -97,7 +78,7 @@ def test_an_output_root_that_cannot_be_written_is_refused_by_name_creating_nothi
 
 
 def test_export_failure_exits_1_naming_target_and_cause(tmp_path: Path) -> None:
-    conf = user_conf(
+    conf = module_conf(
         tmp_path,
         "branchy",
         "name: branchy\nmodel: {_target_: modules.DataDependentBranch}\ninputs: {x: {shape: [2, 4]}}\n",
@@ -111,7 +92,7 @@ def test_export_failure_exits_1_naming_target_and_cause(tmp_path: Path) -> None:
 
 
 def test_constructor_failure_exits_1(tmp_path: Path) -> None:
-    conf = user_conf(
+    conf = module_conf(
         tmp_path, "broken", "name: broken\nmodel: {_target_: modules.RaisesInInit}\ninputs: {x: {shape: [2]}}\n"
     )
     result = cli("--config-dir", str(conf), "+module=broken", f"output_root={tmp_path / 'out'}")
@@ -133,7 +114,7 @@ def test_hydra_flags_work() -> None:
 
 @pytest.mark.slow
 def test_user_module_builds_from_config_dir_with_positional_input_and_dict_output(tmp_path: Path) -> None:
-    conf = user_conf(
+    conf = module_conf(
         tmp_path,
         "two",
         "name: two\nmodel: {_target_: modules.TwoInputs}\ninputs:\n"

@@ -14,29 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import QUIET, cli, module_conf, mounted
 from safetensors.torch import save_file
 
 import flashrt_build
-
-QUIET = {"HYDRA_FULL_ERROR": "", "FLASHRT_TRACEBACK": ""}
-
-
-def cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flashrt_build", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **QUIET, **(env or {})},
-        check=False,
-    )
-
-
-def module_conf(tmp_path: Path, name: str, body: str) -> Path:
-    conf = tmp_path / "conf"
-    (conf / "module").mkdir(parents=True, exist_ok=True)
-    (conf / "module" / f"{name}.yaml").write_text(body)
-    return conf
 
 
 def one_line_error(stderr: str) -> str:
@@ -158,18 +139,12 @@ def test_input_ranges_the_model_cannot_take_are_config_errors_before_the_compile
 
 def test_a_full_disk_fails_the_build_with_exit_1_and_leaves_nothing(tmp_path: Path) -> None:
     """The package writer used to abort the process (exit 134) when its disk filled."""
-    mount = tmp_path / "full"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small filesystem here (needs root)")
-    try:
+    with mounted(tmp_path / "full", "size=1m") as mount:
         result = cli("+module=mlp", f"output_root={mount}", "verify.enabled=false")
         assert result.returncode == 1, result.stderr[-2000:]
         line = one_line_error(result.stderr)
         assert "writing the package to" in line and "No space left on device" in line
         assert built_files(mount) == [] and not list((mount / "mlp").glob(".staging-*"))
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.mark.slow

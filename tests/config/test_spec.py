@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from clitools import mounted
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
@@ -274,16 +274,10 @@ def test_an_output_location_that_cannot_be_written_names_its_key(tmp_path: Path)
 
 
 def test_a_read_only_filesystem_is_refused_by_key(tmp_path: Path) -> None:
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a read-only filesystem here (needs root)")
-    try:
+    with mounted(tmp_path / "ro", "ro") as mount:
         error = config_error(f"output_root={mount}", f"output_dir={mount / 'build'}")
         assert [p.key for p in error.problems] == ["output_root", "output_dir"]
         assert str(error).count("Read-only file system") == 2
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_a_checkpoint_that_is_missing_or_an_empty_directory_is_refused(tmp_path: Path) -> None:
