@@ -71,12 +71,24 @@ class TinyLM(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         length = input_ids.shape[1]
         x = self.embed(input_ids) + self.position(torch.arange(length, device=input_ids.device))
+        positions = torch.arange(length, device=input_ids.device)
         for i, block in enumerate(self.blocks):
             q, k, v = block.qkv_heads(x)
-            self.kv_cache[i, 0, :, :, :length] = k
-            self.kv_cache[i, 1, :, :, :length] = v
+            self._store(i, k, v, positions)
             x = block.finish(x, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
         return self.head(self.norm(x))
+
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        """Write k and v [batch, head, n, head_dim] of `layer` at `positions` [n].
+        Indexed on the whole buffer by tensors, one `index_put_`, which the
+        compiled code does in place: written through a view of the buffer
+        (`kv_cache[i, 0].index_copy_(...)`), the cache was copied whole for
+        every layer, 3.8 of a 5.1 ms decode step at 1.2B parameters."""
+        device = positions.device
+        layer_index = torch.full((1, 1), layer, dtype=torch.int64, device=device)
+        key_or_value = torch.arange(2, device=device).view(2, 1)
+        stacked = torch.stack([k, v]).permute(0, 3, 1, 2, 4)  # [2, n, batch, head, head_dim]
+        self.kv_cache[layer_index, key_or_value, :, :, positions.view(1, -1)] = stacked
 
     def decode(self, input_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """One token (`input_ids` [1, 1]) at `position` ([1]): logits [1, 1, vocab]."""
@@ -84,8 +96,7 @@ class TinyLM(nn.Module):
         visible = (torch.arange(self.kv_cache.shape[4], device=position.device) <= position).view(1, 1, 1, -1)
         for i, block in enumerate(self.blocks):
             q, k, v = block.qkv_heads(x)
-            self.kv_cache[i, 0].index_copy_(2, position, k)
-            self.kv_cache[i, 1].index_copy_(2, position, v)
+            self._store(i, k, v, position)
             keys, values = self.kv_cache[i, 0], self.kv_cache[i, 1]
             attended = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
             x = block.finish(x, attended)
