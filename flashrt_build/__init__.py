@@ -22,6 +22,8 @@ _EXPORTS = {
     "is_exporting": "stages.export",
     "LoadedModule": "runtime.load",
     "load": "runtime.load",
+    "Generation": "runtime.generate",
+    "generate": "runtime.generate",
     "ArtifactError": "errors",
     "BuildError": "errors",
     "CompileError": "errors",

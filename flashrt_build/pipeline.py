@@ -87,12 +87,12 @@ def _run_stages(plan: Plan, options: dict[str, Any]) -> BuildResult:
             return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
         compiled = compile_methods(plan, exported, options, staging / PACKAGE, timer)
         keys = method_keys(plan.ingredients) if spec.multi_method else {}
-        threaded = timer.run("package", package_stage, spec, module, exported, compiled, keys, plan.toolchain, staging)
+        state = timer.run("package", package_stage, spec, module, exported, compiled, keys, plan.toolchain, staging)
 
         manifest = partial(assemble_manifest, spec, timer.sections, options=options, keys=plan.keys,
                            ingredients=plan.ingredients, digests=plan.digests, timings=timer.timings)  # fmt: skip
         if spec.verify:  # on the draft manifest, which the package is loaded against
-            timer.run("verify", verify_stage, spec, module, staging, manifest(), threaded)
+            timer.run("verify", verify_stage, spec, module, staging, manifest(), state)
         else:
             log.warning("verification is off (verify.enabled=false): the package is recorded as unverified")
         record = manifest()

@@ -61,7 +61,10 @@ void output_paths(const json& node, const std::string& prefix, std::vector<std::
 
 }  // namespace
 
-CallSpec parse_call_spec(const std::vector<std::string>& spec, const Manifest& m) {
+CallSpec parse_call_spec(const std::vector<std::string>& spec, const MethodManifest& method, const Manifest& m) {
+  const std::vector<InputSpec>& inputs = method.inputs;
+  const std::vector<std::string>& constants = method.constant_kwargs;
+  const size_t threaded = m.state_in_place ? 0 : method.state.size();
   if (spec.size() != 2) unsupported(m, "has " + std::to_string(spec.size()) + " parts, expected 2 (inputs, outputs)");
   CallSpec call;
   try {
@@ -69,7 +72,7 @@ CallSpec parse_call_spec(const std::vector<std::string>& spec, const Manifest& m
     const json in = tree_of(spec[0], m, "inputs");
     if (is_leaf(in) || children(in).size() != 2) unsupported(m, "does not take (args, kwargs)");
     std::vector<std::string> positional;
-    for (const auto& s : m.inputs) {
+    for (const auto& s : inputs) {
       if (s.positional) positional.push_back(s.name);
     }
     const json& args = children(in)[0];
@@ -91,31 +94,29 @@ CallSpec parse_call_spec(const std::vector<std::string>& spec, const Manifest& m
         for (const auto& buffer : keys_of(child)) call.order.push_back(std::string(kStateKwarg) + "." + buffer);
         continue;
       }
-      const bool constant =
-          std::find(m.constant_kwargs.begin(), m.constant_kwargs.end(), key) != m.constant_kwargs.end();
+      const bool constant = std::find(constants.begin(), constants.end(), key) != constants.end();
       if (constant) continue;  // a constant keyword argument: no tensor, the package takes none for it
-      const bool input =
-          std::any_of(m.inputs.begin(), m.inputs.end(), [&](const InputSpec& s) { return s.name == key; });
+      const bool input = std::any_of(inputs.begin(), inputs.end(), [&](const InputSpec& s) { return s.name == key; });
       if (!input || !is_leaf(child)) {
         unsupported(m, "takes '" + key +
                            "', which is neither a tensor input nor a constant keyword argument of the manifest");
       }
       call.order.push_back(key);
     }
-    if (call.order.size() != m.inputs.size() + m.state.size()) {
-      unsupported(m, "takes " + std::to_string(call.order.size()) + " tensors; the manifest lists " +
-                         std::to_string(m.inputs.size()) + " inputs and " + std::to_string(m.state.size()) +
-                         " state buffers");
+    if (call.order.size() != inputs.size() + threaded) {
+      unsupported(m, "of " + method.name + " takes " + std::to_string(call.order.size()) +
+                         " tensors; the manifest lists " + std::to_string(inputs.size()) + " inputs and " +
+                         std::to_string(threaded) + " threaded state buffers");
     }
 
-    // Outputs: the output tree, or (output tree, {state}) for a stateful module.
+    // Outputs: the output tree, or (output tree, {state}) for threaded state.
     const json out = tree_of(spec[1], m, "outputs");
     const json* tree = &out;
-    if (!m.state.empty()) {
+    if (threaded) {
       if (is_leaf(out) || children(out).size() != 2) unsupported(m, "does not return (outputs, state)");
       tree = &children(out)[0];
       call.state_outputs = keys_of(children(out)[1]);
-      if (call.state_outputs.size() != m.state.size()) unsupported(m, "does not return every state buffer");
+      if (call.state_outputs.size() != threaded) unsupported(m, "does not return every state buffer");
     }
     output_paths(*tree, "", call.outputs);
   } catch (const json::exception& e) {

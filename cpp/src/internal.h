@@ -3,11 +3,16 @@
 
 #include <flashrt/package.h>
 
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
 #include <cstddef>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,9 +39,18 @@ struct WeightEntry {
   // do not record it): a tensor of the right shape laid out otherwise gives
   // wrong answers silently.
   std::vector<int64_t> stride;
+  // A package of several methods: the name each method's model binds it by
+  // (empty: every method binds it by its FQN).
+  std::map<std::string, std::string> methods;
   // A checkpoint must supply parameters and persistent buffers; constants of
   // the forward's code and non-persistent buffers default to the build's values.
   bool required() const { return kind == "parameter" || (kind == "buffer" && persistent); }
+  // The name `method`'s model binds this tensor by, or null when it does not bind it.
+  const std::string* bound_by(const std::string& method) const {
+    if (methods.empty()) return &fqn;
+    auto it = methods.find(method);
+    return it == methods.end() ? nullptr : &it->second;
+  }
 };
 
 struct StateEntry {
@@ -66,6 +80,16 @@ std::vector<std::string> chunk_digests(const std::filesystem::path& path, int64_
 // its whole-file digest, as the Python loader does).
 std::string altered_digest(const std::filesystem::path& path, const FileRecord& record);
 
+// One entry point: its model in the archive, inputs and constant kwargs.
+struct MethodManifest {
+  std::string name;  // "decode"; "forward" for manifests of one unnamed method
+  std::string model;  // the model's name inside model.pt2 ("model" for a single one)
+  std::vector<InputSpec> inputs;  // positional first, then keyword ones
+  std::vector<std::string> constant_kwargs;  // fixed at build time: no tensors
+  std::vector<std::string> state;  // the buffers it writes
+  std::string kwargs_key;  // "module.kwargs" or "module.methods.<name>.kwargs", for messages
+};
+
 struct Manifest {
   std::filesystem::path path;
   std::string name;
@@ -81,8 +105,11 @@ struct Manifest {
   std::vector<std::string> unused;  // names a checkpoint may carry that the graph never reads
   std::optional<FileRecord> state_file;
   std::vector<StateEntry> state;
-  std::vector<InputSpec> inputs;
-  std::vector<std::string> constant_kwargs;  // the method's kwargs: no tensors, fixed at build time
+  bool state_in_place = false;  // the compiled code writes the state (else threaded, or stateless)
+  std::vector<MethodManifest> methods;  // in the manifest's order
+  std::string default_method;  // the one that runs forward, else the first
+  bool cuda_graphs = false;  // serve.cuda_graphs: the loader's default
+  size_t max_graphs = 8;  // serve.max_graphs
   nlohmann::json contract;  // what a load relies on (see check_contract)
 };
 
@@ -109,7 +136,8 @@ struct CallSpec {
   std::vector<std::string> state_outputs;  // the trailing outputs: new state values, by fqn
 };
 
-CallSpec parse_call_spec(const std::vector<std::string>& spec, const Manifest& manifest);
+// Of one method (its inputs; its state when threaded).
+CallSpec parse_call_spec(const std::vector<std::string>& spec, const MethodManifest& method, const Manifest& manifest);
 
 inline constexpr const char* kStateKwarg = "flashrt_state";
 
@@ -136,4 +164,53 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare(const std:
                                                                       std::optional<c10::Device> device,
                                                                       std::map<std::string, std::string>& chosen);
 
+// --- what every method of a package shares (package.cpp) ---
+struct Shared {
+  Manifest manifest;
+  std::filesystem::path dir;
+  c10::Device device{c10::kCPU};
+  TensorMap state;  // by FQN: the caller's buffers, or owned copies of state.safetensors
+  std::mutex calls;  // one call (or bind) of the package at a time
+  bool graphs = false;  // CUDA graph replay
+  size_t max_graphs = 8;
+};
+
+std::string join(const std::vector<std::string>& items, const char* sep = ", ");
+bool same_device(const c10::Device& a, const c10::Device& b);
+
+// A CUDA graph of one input shape: the tensors it reads and writes (method.cpp).
+struct Graph;
+
 }  // namespace flashrt::detail
+
+namespace flashrt {
+
+// One method's model and call plan (method.cpp); the package binds its weights.
+struct Method::Impl {
+  const detail::MethodManifest* spec = nullptr;
+  detail::Shared* shared = nullptr;
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+  detail::CallSpec call;
+  std::vector<std::string> input_names;  // the order run() takes them in
+  // Per flat input of the compiled code: an index into run()'s inputs (>= 0)
+  // or into state_in (-1 - i).
+  std::vector<int> slots;
+  std::vector<at::Tensor> state_in;  // threaded state, in call order
+  std::vector<at::Tensor> state_out;  // in the order the package returns them
+  size_t n_dims = 0;  // distinct dynamic dim names, numbered in dim_ids
+  std::vector<std::vector<int>> dim_ids;  // per input, per dynamic dim
+  std::vector<std::vector<std::pair<size_t, int64_t>>> static_axes;  // per input: (axis, size) of each static axis
+  // CUDA graphs by the inputs' sizes; shapes seen once (their warm-up call ran plain).
+  std::map<std::vector<int64_t>, std::unique_ptr<detail::Graph>> graphs;
+  std::set<std::vector<int64_t>> warmed;
+  bool said_full = false;
+
+  Impl();
+  ~Impl();
+  // After the state is in place: the order of the compiled code's inputs, the checks' tables.
+  void plan();
+  std::vector<at::Tensor> invoke(const std::vector<at::Tensor>& inputs);  // plain, or from a graph
+  void drop_graphs();
+};
+
+}  // namespace flashrt

@@ -113,7 +113,7 @@ json load_contract(const json& doc) {
     methods[name] = std::move(method);
   }
   const json& target = doc.at("target");
-  return {
+  json contract = {
       {"schema", kSchema},
       {"target",
        {{"device", value_or_null(target, "device")},
@@ -129,6 +129,54 @@ json load_contract(const json& doc) {
       {"outputs", doc.at("outputs")},
       {"methods", methods},
   };
+  // Only for in-place state: the contracts of earlier packages stay as they were.
+  if (!state.is_null() && value_or_null(doc["state"], "mode") == "in_place") contract.emplace("state_mode", "in_place");
+  return contract;
+}
+
+// One method's inputs, positional ones first (the order the module takes them in).
+std::vector<InputSpec> parse_inputs(const Node& inputs, const std::filesystem::path& path) {
+  std::vector<InputSpec> out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Node in = inputs[i];
+    InputSpec spec{in["name"].as<std::string>(), in["shape"].shape(), in["dtype"].dtype(), {}, false, {}, {}};
+    if (in.has("positional")) spec.positional = in["positional"].as<bool>();
+    if (in.has("low") && !in["low"].null()) spec.low = in["low"].as<int64_t>();
+    if (in.has("high") && !in["high"].null()) spec.high = in["high"].as<int64_t>();
+    const Node dynamic = in["dynamic"];
+    for (const auto& [axis, dim] : dynamic.value.items()) {
+      const Node d{dim, dynamic.key + "." + axis, path};
+      DynamicDim dd{0, d["name"].as<std::string>(), d["min"].as<int64_t>(), d["max"].as<int64_t>()};
+      try {
+        dd.axis = std::stoll(axis);
+      } catch (const std::exception&) {
+        d.fail("is not an integer axis");
+      }
+      if (dd.axis < 0 || dd.axis >= static_cast<int64_t>(spec.shape.size())) {
+        d.fail("is outside the input's " + std::to_string(spec.shape.size()) + " dims");
+      }
+      spec.dynamic.push_back(std::move(dd));
+    }
+    out.push_back(std::move(spec));
+  }
+  std::stable_partition(out.begin(), out.end(), [](const InputSpec& s) { return s.positional; });
+  return out;
+}
+
+std::vector<std::string> keys(const json& object) {
+  std::vector<std::string> out;
+  if (object.is_object()) {
+    for (const auto& [key, _] : object.items()) out.push_back(key);
+  }
+  return out;
+}
+
+// The methods in the manifest's own order (nlohmann's json sorts an object's keys).
+std::vector<std::string> method_order(const std::string& text) {
+  const auto ordered = nlohmann::ordered_json::parse(text);
+  std::vector<std::string> names;
+  for (const auto& [name, _] : ordered.at("methods").items()) names.push_back(name);
+  return names;
 }
 
 // The first key at which two JSON values differ, dotted; empty when equal.
@@ -206,20 +254,6 @@ Manifest read_manifest(const std::filesystem::path& dir) {
                 m.path.string() + " has schema '" + schema + "', expected '" + kSchema + "'");
   }
   m.name = root["name"].as<std::string>();
-  // A package of several methods (module.methods) holds a model per method; this API serves one model.
-  if (doc.contains("methods")) {
-    const json& methods = doc["methods"];
-    const bool one_forward = methods.size() == 1 && methods.begin()->value("model", "") == "model";
-    if (!one_forward) {
-      std::string names;
-      for (const auto& [name, entry] : methods.items()) names += (names.empty() ? "" : ", ") + name;
-      throw Error(Error::Kind::Artifact, m.path.string() + " describes a package of " + std::to_string(methods.size()) +
-                                             " methods (" + names +
-                                             "); flashrt::Package serves single-method packages: load this one "
-                                             "with flashrt_build.load in Python");
-    }
-  }
-
   const Node target = root["target"];
   m.target_device = target["device"].as<std::string>();
   m.target_dtype = target["dtype"].as<std::string>();
@@ -240,7 +274,7 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Node t = tensors[i];
     WeightEntry e{t["fqn"].as<std::string>(), t["shape"].shape(), t["dtype"].dtype(), t["kind"].as<std::string>(),
-                  true, {}, {}};
+                  true, {}, {}, {}};
     if (t.has("stride") && !t["stride"].null()) {
       e.stride = t["stride"].shape();
       if (e.stride.size() != e.shape.size()) t["stride"].fail("has " + std::to_string(e.stride.size()) + " axes");
@@ -253,6 +287,7 @@ Manifest read_manifest(const std::filesystem::path& dir) {
     if (t.has("aliases")) {
       for (auto& alias : t["aliases"].as<std::vector<std::string>>()) e.names.push_back(alias);
     }
+    if (t.has("methods")) e.methods = t["methods"].as<std::map<std::string, std::string>>();
     m.weights.push_back(std::move(e));
   }
   if (weights.has("unused")) m.unused = weights["unused"].as<std::vector<std::string>>();
@@ -260,6 +295,7 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   if (root.has("state") && !root["state"].null()) {
     const Node state = root["state"];
     m.state_file = state.file_record();
+    m.state_in_place = state.has("mode") && state["mode"].as<std::string>() == "in_place";
     const Node entries = state["tensors"];
     for (size_t i = 0; i < entries.size(); ++i) {
       const Node t = entries[i];
@@ -267,38 +303,31 @@ Manifest read_manifest(const std::filesystem::path& dir) {
     }
   }
 
-  const Node inputs = root["inputs"];
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Node in = inputs[i];
-    InputSpec spec{in["name"].as<std::string>(), in["shape"].shape(), in["dtype"].dtype(), {}, false, {}, {}};
-    if (in.has("positional")) spec.positional = in["positional"].as<bool>();
-    if (in.has("low") && !in["low"].null()) spec.low = in["low"].as<int64_t>();
-    if (in.has("high") && !in["high"].null()) spec.high = in["high"].as<int64_t>();
-    const Node dynamic = in["dynamic"];
-    for (const auto& [axis, dim] : dynamic.value.items()) {
-      const Node d{dim, dynamic.key + "." + axis, m.path};
-      DynamicDim dd{0, d["name"].as<std::string>(), d["min"].as<int64_t>(), d["max"].as<int64_t>()};
-      try {
-        dd.axis = std::stoll(axis);
-      } catch (const std::exception&) {
-        d.fail("is not an integer axis");
-      }
-      if (dd.axis < 0 || dd.axis >= static_cast<int64_t>(spec.shape.size())) {
-        d.fail("is outside the input's " + std::to_string(spec.shape.size()) + " dims");
-      }
-      spec.dynamic.push_back(std::move(dd));
+  if (root.has("methods")) {
+    const Node methods = root["methods"];
+    for (const auto& name : method_order(text.str())) {
+      const Node e = methods[name];
+      MethodManifest method{name, e["model"].as<std::string>(), parse_inputs(e["inputs"], m.path), {}, {}, {}};
+      method.constant_kwargs = keys(e["kwargs"].value);
+      if (e.has("state")) method.state = e["state"].as<std::vector<std::string>>();
+      method.kwargs_key = method.model == "model" ? "module.kwargs" : "module.methods." + name + ".kwargs";
+      const bool forward = e["method"].as<std::string>() == "forward";
+      if (forward && m.default_method.empty()) m.default_method = name;
+      m.methods.push_back(std::move(method));
     }
-    m.inputs.push_back(std::move(spec));
+    if (m.methods.empty()) methods.fail("lists no method");
+    if (m.default_method.empty()) m.default_method = m.methods.front().name;
+  } else {  // written before packages had several methods: one forward
+    MethodManifest method{"forward", "model", parse_inputs(root["inputs"], m.path), {}, {}, "module.kwargs"};
+    method.constant_kwargs = keys(root["config"]["module"].value.value("kwargs", json::object()));
+    for (const auto& e : m.state) method.state.push_back(e.fqn);
+    m.methods.push_back(std::move(method));
+    m.default_method = "forward";
   }
-  // Positional inputs come first, then keyword ones: the order the Python module takes them in.
-  std::stable_partition(m.inputs.begin(), m.inputs.end(), [](const InputSpec& s) { return s.positional; });
-
-  // The constant keyword arguments: of the one method, else (older manifests) the module's.
-  const json& kwargs = doc.contains("methods") && doc["methods"].size() == 1
-                           ? doc["methods"].begin()->value("kwargs", json::object())
-                           : root["config"]["module"].value.value("kwargs", json::object());
-  if (kwargs.is_object()) {
-    for (const auto& [key, value] : kwargs.items()) m.constant_kwargs.push_back(key);
+  if (root.has("serve") && root["serve"].value.is_object()) {
+    const Node serve = root["serve"];
+    if (serve.has("cuda_graphs")) m.cuda_graphs = serve["cuda_graphs"].as<bool>();
+    if (serve.has("max_graphs")) m.max_graphs = serve["max_graphs"].as<size_t>();
   }
   try {
     m.contract = load_contract(doc);

@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/cuda.h>
 
 #ifdef FLASHRT_WITH_CUDA
@@ -18,7 +17,9 @@
 
 namespace flashrt {
 
+using detail::join;
 using detail::Manifest;
+using detail::same_device;
 using detail::WeightEntry;
 
 namespace {
@@ -26,16 +27,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
-  return out;
-}
-
-bool same_device(const c10::Device& a, const c10::Device& b) {
-  return a.type() == b.type() && (!a.is_cuda() || a.index() == b.index());
-}
 
 // Refuses a file the manifest lists unless its bytes are the build's; `what`
 // says which ("the package").
@@ -97,6 +88,16 @@ std::string mismatch(const std::string& source,
 }  // namespace
 
 namespace detail {
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+bool same_device(const c10::Device& a, const c10::Device& b) {
+  return a.type() == b.type() && (!a.is_cuda() || a.index() == b.index());
+}
 
 bool same_layout(const std::vector<int64_t>& stride, const WeightEntry& entry) {
   for (size_t axis = 0; axis < entry.shape.size(); ++axis) {
@@ -180,33 +181,23 @@ struct Source {
 }  // namespace
 
 struct Package::Impl {
-  Manifest manifest;
-  std::filesystem::path dir;
-  c10::Device device{c10::kCPU};
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
-  detail::CallSpec call;
-  std::vector<std::string> input_names;  // the order run() takes them in
-  std::vector<std::string> state_names;  // manifest order
+  detail::Shared shared;  // what every method reads: the manifest, device, state, the call lock
+  std::vector<std::unique_ptr<Method>> methods;  // in the manifest's order
+  std::vector<std::string> method_names;
+  Method* default_method = nullptr;
+  std::string state_mode;
   TensorMap weights;  // what is bound, kept alive for the package
-  TensorMap state;
   std::shared_ptr<SafetensorsFile> sidecar;  // read (and its digest checked) when first needed
   OpenStats stats;
 
-  // Per flat input of the compiled code: an index into run()'s inputs (>= 0)
-  // or into state_in (-1 - i).
-  std::vector<int> slots;
-  std::vector<at::Tensor> state_in;  // in call order
-  std::vector<at::Tensor> state_out;  // in the order the package returns them
-  size_t n_dims = 0;  // distinct dynamic dim names, numbered in dim_ids
-  std::vector<std::vector<int>> dim_ids;  // per input, per dynamic dim
-  std::vector<std::vector<std::pair<size_t, int64_t>>> static_axes;  // per input: (axis, size) of each static axis
+  const Manifest& manifest() const { return shared.manifest; }
 
   const SafetensorsFile& read_sidecar() {
     if (!sidecar) {
       // The digest first, as for the package: nothing of an altered file is parsed.
-      const auto path = listed_file(dir, *manifest.weights_file);
+      const auto path = listed_file(shared.dir, *manifest().weights_file);
       auto start = Clock::now();
-      check_digest(path, *manifest.weights_file, "the weights");
+      check_digest(path, *manifest().weights_file, "the weights");
       stats.weights_hash_s += since(start);
       stats.weights_bytes += std::filesystem::file_size(path);
       start = Clock::now();
@@ -232,11 +223,11 @@ struct Package::Impl {
     return {file.path().string(), file.tensors(), false};
   }
 
-  // Checks `source` against the manifest and binds it in place (user_managed).
-  void bind(Source source) {
-    const auto start = Clock::now();
-    const double reading = stats.weights_read_s + stats.weights_hash_s;  // a sidecar read for defaults is not binding
-    for (const auto& name : state_names) source.tensors.erase(name);  // threaded as state, not bound
+  // Checks `source` against the manifest: the tensors to bind, by FQN.
+  TensorMap check(Source source) {
+    const Manifest& m = manifest();
+    const c10::Device device = shared.device;
+    for (const auto& e : m.state) source.tensors.erase(e.fqn);  // the state, bound apart
     detail::Table table;
     for (const auto& [name, t] : source.tensors) {
       table[name] = {t.sizes().vec(), t.scalar_type(),
@@ -244,17 +235,17 @@ struct Package::Impl {
                      source.in_memory ? std::optional<std::vector<int64_t>>(t.strides().vec()) : std::nullopt};
     }
     std::map<std::string, std::string> chosen;
-    auto problems = detail::compare(manifest.weights, table, manifest.unused, device, chosen);
+    auto problems = detail::compare(m.weights, table, m.unused, device, chosen);
     if (!problems.empty()) throw Error(Error::Kind::Weights, mismatch(source.description, problems));
     std::map<std::string, const WeightEntry*> by_fqn;
-    for (const auto& e : manifest.weights) by_fqn[e.fqn] = &e;
+    for (const auto& e : m.weights) by_fqn[e.fqn] = &e;
     TensorMap bound;
     for (const auto& [fqn, name] : chosen) bound.emplace(fqn, laid_out(source.tensors.at(name).to(device), *by_fqn.at(fqn)));
-    if (manifest.external && bound.size() < manifest.weights.size()) {
+    if (m.external && bound.size() < m.weights.size()) {
       // Constants of the forward's code, non-persistent buffers: the build's values.
       const SafetensorsFile& defaults = read_sidecar();
       std::vector<std::string> absent;
-      for (const auto& e : manifest.weights) {
+      for (const auto& e : m.weights) {
         if (bound.count(e.fqn)) continue;
         if (!defaults.contains(e.fqn)) {
           absent.push_back(e.fqn);
@@ -264,98 +255,160 @@ struct Package::Impl {
       }
       if (!absent.empty()) throw Error(Error::Kind::Weights, mismatch(defaults.path().string(), {{"missing", absent}}));
     }
-    if (!bound.empty()) {
-      // A copy of the map: libtorch's signature takes it by reference.
-      TensorMap handles = bound;
-      loader->load_constants(handles, /*use_inactive=*/false, /*check_full_update=*/manifest.external,
-                             /*user_managed=*/true);
+    return bound;
+  }
+
+  // Binds `bound` (and the state the package writes in place) into every
+  // method's model, each by the names it binds them by: one copy for all.
+  void bind_all(TensorMap bound) {
+    const Manifest& m = manifest();
+    for (const auto& method : methods) {
+      Method::Impl& impl = method->impl();
+      TensorMap handles;
+      for (const auto& e : m.weights) {
+        const std::string* name = e.bound_by(impl.spec->name);
+        auto it = bound.find(e.fqn);
+        if (name != nullptr && it != bound.end()) handles.emplace(*name, it->second);
+      }
+      if (m.state_in_place) {
+        for (const auto& fqn : impl.loader->get_constant_fqns()) {
+          auto it = shared.state.find(fqn);
+          if (it != shared.state.end()) handles.emplace(fqn, it->second);
+        }
+      }
+      if (handles.empty()) continue;
+      impl.loader->load_constants(handles, /*use_inactive=*/false, /*check_full_update=*/m.external,
+                                  /*user_managed=*/true);
+      impl.drop_graphs();  // they hold the addresses of what was bound before
     }
-    weights = std::move(bound);
+    if (!bound.empty()) weights = std::move(bound);
+  }
+
+  void bind(Source source) {
+    const auto start = Clock::now();
+    const double reading = stats.weights_read_s + stats.weights_hash_s;  // a sidecar read for defaults is not binding
+    TensorMap bound = check(std::move(source));
+    std::lock_guard<std::mutex> lock(shared.calls);
+    bind_all(std::move(bound));
     stats.bind_s += since(start) - (stats.weights_read_s + stats.weights_hash_s - reading);
   }
 
-  // The threaded buffers: the caller's (updated in place), or state.safetensors's initial values.
+  // The state file's tensors, checked against the manifest.
+  TensorMap initial_state() {
+    const Manifest& m = manifest();
+    const auto path = listed_file(shared.dir, *m.state_file);
+    check_digest(path, *m.state_file, "the state");
+    SafetensorsFile file(path);
+    TensorMap out;
+    for (const auto& e : m.state) {
+      if (!file.contains(e.fqn) || file.shape(e.fqn) != e.shape || file.dtype(e.fqn) != e.dtype) {
+        throw Error(Error::Kind::Artifact, path.string() + " does not hold " + e.fqn + " " +
+                                               detail::shape_str(e.shape) + " " + dtype_name(e.dtype) +
+                                               " as the manifest lists it");
+      }
+      out[e.fqn] = file.tensor(e.fqn);
+    }
+    return out;
+  }
+
+  // The state buffers: the caller's (updated in place), or state.safetensors's initial values.
   void init_state(const TensorMap* given) {
-    if (manifest.state.empty()) return;
-    const bool all_given = given != nullptr && std::all_of(state_names.begin(), state_names.end(),
-                                                            [&](const std::string& n) { return given->count(n); });
+    const Manifest& m = manifest();
+    if (m.state.empty()) return;
+    const c10::Device device = shared.device;
+    const bool all_given = given != nullptr && std::all_of(m.state.begin(), m.state.end(), [&](const auto& e) {
+                             return given->count(e.fqn) > 0;
+                           });
     if (all_given) {
       std::vector<std::string> wrong;
-      for (const auto& e : manifest.state) {
+      for (const auto& e : m.state) {
         const at::Tensor& t = given->at(e.fqn);
         if (t.sizes().vec() != e.shape || t.scalar_type() != e.dtype || !same_device(t.device(), device)) {
           wrong.push_back(e.fqn + " " + detail::shape_str(t.sizes().vec()) + " " + dtype_name(t.scalar_type()) +
                           " on " + t.device().str() + " (package expects " + detail::shape_str(e.shape) + " " +
                           dtype_name(e.dtype) + " on " + device.str() + ")");
+        } else if (m.state_in_place && !t.is_contiguous()) {
+          wrong.push_back(e.fqn + " is not contiguous (the package writes it row-major)");
         }
-        state[e.fqn] = t;
+        shared.state[e.fqn] = t;
       }
       if (!wrong.empty()) {
         throw Error(Error::Kind::Weights, "state from the given tensors does not fit the package: " + join(wrong));
       }
     } else {
-      const auto path = listed_file(dir, *manifest.state_file);
-      check_digest(path, *manifest.state_file, "the state");
-      SafetensorsFile file(path);
-      for (const auto& e : manifest.state) {
-        if (!file.contains(e.fqn) || file.shape(e.fqn) != e.shape || file.dtype(e.fqn) != e.dtype) {
-          throw Error(Error::Kind::Artifact, path.string() + " does not hold " + e.fqn + " " +
-                                                 detail::shape_str(e.shape) + " " + dtype_name(e.dtype) +
-                                                 " as the manifest lists it");
+      // Owned: written by every call.
+      for (auto& [fqn, t] : initial_state()) shared.state[fqn] = t.to(device, /*non_blocking=*/false, /*copy=*/true);
+    }
+  }
+
+  void load_methods(const std::filesystem::path& package) {
+    const Manifest& m = manifest();
+    const c10::DeviceIndex index = shared.device.is_cuda() ? shared.device.index() : -1;
+    for (const auto& spec : m.methods) {
+      auto impl = std::make_unique<Method::Impl>();
+      impl->spec = &spec;
+      impl->shared = &shared;
+      try {
+        // One runner; single-threaded when graphs are captured (the default one cannot be).
+        impl->loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(package.string(), spec.model,
+                                                                                 shared.graphs, 1, index);
+      } catch (const c10::Error& e) {
+        throw Error(Error::Kind::Artifact,
+                    package.string() + " cannot be loaded by libtorch: " + e.what_without_backtrace());
+      }
+      // The manifest lists exactly the tensors the compiled code binds (and the state it writes in place).
+      const auto fqns = impl->loader->get_constant_fqns();
+      std::set<std::string> binds, listed;
+      for (const auto& fqn : fqns) {
+        if (!(m.state_in_place && std::any_of(m.state.begin(), m.state.end(), [&](const auto& e) { return e.fqn == fqn; }))) {
+          binds.insert(fqn);
         }
-        // Owned: written after every call.
-        state[e.fqn] = file.tensor(e.fqn).to(device, /*non_blocking=*/false, /*copy=*/true);
       }
+      for (const auto& e : m.weights) {
+        if (const std::string* name = e.bound_by(spec.name)) listed.insert(*name);
+      }
+      if (binds != listed) {
+        std::vector<std::string> extra, absent;
+        std::set_difference(binds.begin(), binds.end(), listed.begin(), listed.end(), std::back_inserter(extra));
+        std::set_difference(listed.begin(), listed.end(), binds.begin(), binds.end(), std::back_inserter(absent));
+        throw Error(Error::Kind::Artifact, package.string() + " (" + spec.name + ") binds other tensors than " +
+                                               m.path.string() + " lists: not listed: " + join(extra) +
+                                               "; not bound: " + join(absent));
+      }
+      impl->call = detail::parse_call_spec(impl->loader->get_call_spec(), spec, m);
+      methods.push_back(std::make_unique<Method>(std::move(impl)));
+      method_names.push_back(spec.name);
+      if (spec.name == m.default_method) default_method = methods.back().get();
     }
-    for (const auto& name : call.state_outputs) state_out.push_back(state.at(name));
   }
 
-  void plan_call() {
-    const auto& inputs = manifest.inputs;
-    for (const auto& name : call.order) {
-      const std::string prefix = std::string(detail::kStateKwarg) + ".";
-      if (name.rfind(prefix, 0) == 0) {
-        slots.push_back(-1 - static_cast<int>(state_in.size()));
-        state_in.push_back(state.at(name.substr(prefix.size())));
-        continue;
-      }
-      auto it = std::find_if(inputs.begin(), inputs.end(), [&](const InputSpec& s) { return s.name == name; });
-      slots.push_back(static_cast<int>(it - inputs.begin()));
-    }
-    std::vector<std::string> dims;
-    for (const auto& spec : inputs) {
-      static_axes.emplace_back();
-      for (size_t axis = 0; axis < spec.shape.size(); ++axis) {
-        const bool dynamic = std::any_of(spec.dynamic.begin(), spec.dynamic.end(),
-                                         [&](const DynamicDim& d) { return d.axis == static_cast<int64_t>(axis); });
-        if (!dynamic) static_axes.back().emplace_back(axis, spec.shape[axis]);
-      }
-      dim_ids.emplace_back();
-      for (const auto& d : spec.dynamic) {
-        auto it = std::find(dims.begin(), dims.end(), d.name);
-        dim_ids.back().push_back(static_cast<int>(it - dims.begin()));
-        if (it == dims.end()) dims.push_back(d.name);
-      }
-    }
-    n_dims = dims.size();
-  }
-
-  static std::unique_ptr<Impl> open(const std::filesystem::path& dir, std::optional<c10::Device> requested,
-                                    const TensorMap* given, const std::filesystem::path* checkpoint);
+  static std::unique_ptr<Impl> open(const std::filesystem::path& dir, const Options& options, const TensorMap* given,
+                                    const std::filesystem::path* checkpoint);
 };
 
-std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& dir,
-                                                   std::optional<c10::Device> requested, const TensorMap* given,
-                                                   const std::filesystem::path* checkpoint) {
+std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& dir, const Options& options,
+                                                   const TensorMap* given, const std::filesystem::path* checkpoint) {
   const auto start = Clock::now();
   auto impl = std::make_unique<Impl>();
   Impl& p = *impl;
-  p.dir = dir;
-  p.manifest = detail::read_manifest(dir);
-  const Manifest& m = p.manifest;
-  for (const auto& e : m.state) p.state_names.push_back(e.fqn);
-  for (const auto& spec : m.inputs) p.input_names.push_back(spec.name);
-  p.device = resolve_device(m, requested);
+  p.shared.dir = dir;
+  p.shared.manifest = detail::read_manifest(dir);
+  const Manifest& m = p.shared.manifest;
+  p.shared.device = resolve_device(m, options.device);
+  p.state_mode = m.state.empty() ? "" : (m.state_in_place ? "in_place" : "threaded");
+  const bool graphs = options.cuda_graphs.value_or(m.cuda_graphs);
+  if (graphs && !p.shared.device.is_cuda()) {
+    if (options.cuda_graphs) {
+      throw Error(Error::Kind::Input, "CUDA graphs need a CUDA package; " + dir.string() + " runs on " +
+                                          p.shared.device.str());
+    }
+  } else {
+    p.shared.graphs = graphs;
+  }
+#ifndef FLASHRT_WITH_CUDA
+  if (p.shared.graphs) throw Error(Error::Kind::Input, "this flashrt library was built without CUDA: no CUDA graphs");
+#endif
+  p.shared.max_graphs = options.max_graphs.value_or(m.max_graphs);
 
   // The package's digest before any of its code is loaded.
   const auto package = listed_file(dir, m.package);
@@ -375,34 +428,23 @@ std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& 
   } else if (m.external) {
     source = p.sidecar_source();
   }
+  TensorMap bound;
+  if (source) {
+    t = Clock::now();
+    const double reading = p.stats.weights_read_s + p.stats.weights_hash_s;
+    bound = p.check(std::move(*source));
+    p.stats.bind_s += since(t) - (p.stats.weights_read_s + p.stats.weights_hash_s - reading);
+  }
+  p.init_state(given);
 
   t = Clock::now();
-  try {
-    const c10::DeviceIndex index = p.device.is_cuda() ? p.device.index() : -1;
-    p.loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(package.string(), "model", false, 1, index);
-  } catch (const c10::Error& e) {
-    throw Error(Error::Kind::Artifact,
-                package.string() + " cannot be loaded by libtorch: " + e.what_without_backtrace());
-  }
+  p.load_methods(package);
   p.stats.load_s = since(t);
-
-  // The manifest lists exactly the tensors the compiled code binds.
-  const auto fqns = p.loader->get_constant_fqns();
-  std::set<std::string> binds(fqns.begin(), fqns.end()), listed;
-  for (const auto& e : m.weights) listed.insert(e.fqn);
-  if (binds != listed) {
-    std::vector<std::string> extra, absent;
-    std::set_difference(binds.begin(), binds.end(), listed.begin(), listed.end(), std::back_inserter(extra));
-    std::set_difference(listed.begin(), listed.end(), binds.begin(), binds.end(), std::back_inserter(absent));
-    throw Error(Error::Kind::Artifact, package.string() + " binds other tensors than " + m.path.string() +
-                                           " lists: not listed: " + join(extra) + "; not bound: " + join(absent));
-  }
-  p.call = detail::parse_call_spec(p.loader->get_call_spec(), m);
-
-  if (source) p.bind(std::move(*source));
-  p.init_state(given);
-  p.plan_call();
-  if (p.device.is_cuda() && m.target_dtype == "float32") {
+  t = Clock::now();
+  p.bind_all(std::move(bound));
+  p.stats.bind_s += since(t);
+  for (auto& method : p.methods) method->impl().plan();
+  if (p.shared.device.is_cuda() && m.target_dtype == "float32") {
     // cuBLAS and cuDNN read these on every call; process-wide in C++.
     at::globalContext().setAllowTF32CuBLAS(m.tf32.value_or(false));
     at::globalContext().setAllowTF32CuDNN(m.tf32.value_or(false));
@@ -417,16 +459,29 @@ Package& Package::operator=(Package&&) noexcept = default;
 Package::~Package() = default;
 
 Package Package::open(const std::filesystem::path& dir, std::optional<c10::Device> device) {
-  return Package(Impl::open(dir, device, nullptr, nullptr));
+  return Package(Impl::open(dir, Options{device, {}, {}}, nullptr, nullptr));
+}
+
+Package Package::open(const std::filesystem::path& dir, const Options& options) {
+  return Package(Impl::open(dir, options, nullptr, nullptr));
 }
 
 Package Package::open(const std::filesystem::path& dir, std::optional<c10::Device> device, const TensorMap& weights) {
-  return Package(Impl::open(dir, device, &weights, nullptr));
+  return Package(Impl::open(dir, Options{device, {}, {}}, &weights, nullptr));
+}
+
+Package Package::open(const std::filesystem::path& dir, const Options& options, const TensorMap& weights) {
+  return Package(Impl::open(dir, options, &weights, nullptr));
 }
 
 Package Package::open(const std::filesystem::path& dir, std::optional<c10::Device> device,
                       const std::filesystem::path& checkpoint) {
-  return Package(Impl::open(dir, device, nullptr, &checkpoint));
+  return Package(Impl::open(dir, Options{device, {}, {}}, nullptr, &checkpoint));
+}
+
+Package Package::open(const std::filesystem::path& dir, const Options& options,
+                      const std::filesystem::path& checkpoint) {
+  return Package(Impl::open(dir, options, nullptr, &checkpoint));
 }
 
 void Package::bind(const TensorMap& weights) {
@@ -441,133 +496,42 @@ void Package::bind(const std::filesystem::path& checkpoint) {
   impl_->stats = opened;
 }
 
-void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
-  const Impl& p = *impl_;
-  const auto& specs = p.manifest.inputs;
-  if (inputs.size() != specs.size()) {
-    throw Error(Error::Kind::Input, "the package takes " + std::to_string(specs.size()) + " inputs (" +
-                                        join(p.input_names) + "), got " + std::to_string(inputs.size()));
-  }
-  // Per dynamic dim name: the first size seen and the input it was seen on.
-  // On the stack for the usual few dims: a call allocates nothing here.
-  constexpr size_t kFew = 8;
-  std::pair<int64_t, size_t> few[kFew];
-  std::vector<std::pair<int64_t, size_t>> many(p.n_dims > kFew ? p.n_dims : 0);
-  std::pair<int64_t, size_t>* seen = p.n_dims > kFew ? many.data() : few;
-  std::fill(seen, seen + p.n_dims, std::pair<int64_t, size_t>{-1, 0});
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const InputSpec& spec = specs[i];
-    const at::Tensor& value = inputs[i];
-    const std::string& name = spec.name;
-    if (!value.defined()) {
-      throw Error(Error::Kind::Input, "input '" + name + "' must be a tensor, got an undefined one");
-    }
-    if (value.scalar_type() != spec.dtype) {
-      throw Error(Error::Kind::Input, "input '" + name + "' has dtype " + dtype_name(value.scalar_type()) +
-                                          "; the package takes " + dtype_name(spec.dtype));
-    }
-    if (!same_device(value.device(), p.device)) {
-      throw Error(Error::Kind::Input,
-                  "input '" + name + "' is on " + value.device().str() + "; the package runs on " + p.device.str());
-    }
-    const auto shape = value.sizes();
-    if (shape.size() != spec.shape.size()) {
-      throw Error(Error::Kind::Input, "input '" + name + "' has " + std::to_string(shape.size()) + " dims " +
-                                          detail::shape_str(shape.vec()) + "; expected " +
-                                          std::to_string(spec.shape.size()) + " like " + detail::shape_str(spec.shape));
-    }
-    for (const auto& [axis, size] : p.static_axes[i]) {
-      if (shape[axis] != size) {
-        throw Error(Error::Kind::Input,
-                    "input '" + name + "' has size " + std::to_string(shape[axis]) + " on axis " +
-                        std::to_string(axis) + "; the package was built for " + std::to_string(size) +
-                        " (the axis is static; make it dynamic in module.inputs." + name + ".dynamic)");
-      }
-    }
-    for (size_t k = 0; k < spec.dynamic.size(); ++k) {
-      const DynamicDim& d = spec.dynamic[k];
-      const int64_t size = shape[d.axis];
-      if (size < d.min || size > d.max) {
-        throw Error(Error::Kind::Input, "input '" + name + "' has size " + std::to_string(size) + " on axis " +
-                                            std::to_string(d.axis) + " ('" + d.name + "'); the package accepts " +
-                                            std::to_string(d.min) + " to " + std::to_string(d.max));
-      }
-      auto& first = seen[p.dim_ids[i][k]];
-      if (first.first < 0) {
-        first = {size, i};
-      } else if (first.first != size) {
-        throw Error(Error::Kind::Input, "inputs '" + specs[first.second].name + "' and '" + name + "' share dim '" +
-                                            d.name + "' but have sizes " + std::to_string(first.first) + " and " +
-                                            std::to_string(size));
-      }
-    }
-  }
-  for (size_t i = 0; i < specs.size(); ++i) {  // after every shape is known good: one pass over each ranged input
-    const InputSpec& spec = specs[i];
-    if ((!spec.low && !spec.high) || inputs[i].numel() == 0) continue;
-    const auto [smallest_t, largest_t] = at::aminmax(inputs[i]);
-    const int64_t smallest = smallest_t.item<int64_t>(), largest = largest_t.item<int64_t>();
-    if ((spec.low && smallest < *spec.low) || (spec.high && largest >= *spec.high)) {
-      const std::string accepted = (spec.low ? std::to_string(*spec.low) : "-inf") + " to " +
-                                   (spec.high ? std::to_string(*spec.high - 1) : "inf");
-      throw Error(Error::Kind::Input, "input '" + spec.name + "' holds values from " + std::to_string(smallest) +
-                                          " to " + std::to_string(largest) + "; the package accepts " + accepted +
-                                          " (module.inputs." + spec.name +
-                                          ".low/high): a value outside would make its code read out of bounds");
-    }
-  }
+void Package::reset_state() {
+  if (impl_->shared.manifest.state.empty()) return;
+  TensorMap initial = impl_->initial_state();
+  std::lock_guard<std::mutex> lock(impl_->shared.calls);
+  at::NoGradGuard no_grad;
+  for (auto& [fqn, t] : impl_->shared.state) t.copy_(initial.at(fqn));
 }
 
-std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) {
-  check_inputs(inputs);
-  Impl& p = *impl_;
-  std::vector<at::Tensor> flat;
-  flat.reserve(p.slots.size());
-  for (int slot : p.slots) flat.push_back(slot >= 0 ? inputs[slot] : p.state_in[-1 - slot]);
-  std::vector<at::Tensor> out = p.loader->boxed_run(std::move(flat));
-  if (!p.state_out.empty()) {
-    const size_t n = out.size() - p.state_out.size();
-    at::NoGradGuard no_grad;  // the caller's buffers may belong to a module that tracks gradients
-    for (size_t i = 0; i < p.state_out.size(); ++i) p.state_out[i].copy_(out[n + i]);
-    out.resize(n);
+Method& Package::method(const std::string& name) {
+  const auto& names = impl_->method_names;
+  auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) {
+    throw Error(Error::Kind::Input, impl_->shared.dir.string() + " has no method '" + name + "'; its methods: " +
+                                        join(names));
   }
-  return out;
+  return *impl_->methods[it - names.begin()];
 }
 
-std::vector<at::Tensor> Package::run(const TensorMap& inputs) {
-  const auto& names = impl_->input_names;
-  for (const auto& [key, _] : inputs) {
-    if (std::find(names.begin(), names.end(), key) != names.end()) continue;
-    const auto& constants = impl_->manifest.constant_kwargs;
-    if (std::find(constants.begin(), constants.end(), key) != constants.end()) {
-      throw Error(Error::Kind::Input, "'" + key + "' is a constant keyword argument fixed at build time " +
-                                          "(module.kwargs." + key + "), not an input");
-    }
-    throw Error(Error::Kind::Input, "input '" + key + "' is not an input of the package; inputs: " + join(names));
-  }
-  std::vector<at::Tensor> ordered;
-  std::vector<std::string> missing;
-  for (const auto& name : names) {
-    auto it = inputs.find(name);
-    if (it == inputs.end()) {
-      missing.push_back(name);
-    } else {
-      ordered.push_back(it->second);
-    }
-  }
-  if (!missing.empty()) throw Error(Error::Kind::Input, "missing inputs: " + join(missing));
-  return run(ordered);
-}
+const std::vector<std::string>& Package::method_names() const { return impl_->method_names; }
+const std::string& Package::default_method() const { return impl_->default_method->name(); }
 
-const std::string& Package::name() const { return impl_->manifest.name; }
-const std::filesystem::path& Package::dir() const { return impl_->dir; }
-c10::Device Package::device() const { return impl_->device; }
-bool Package::external() const { return impl_->manifest.external; }
-const std::vector<InputSpec>& Package::inputs() const { return impl_->manifest.inputs; }
-const std::vector<std::string>& Package::output_names() const { return impl_->call.outputs; }
+std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) { return impl_->default_method->run(inputs); }
+std::vector<at::Tensor> Package::run(const TensorMap& inputs) { return impl_->default_method->run(inputs); }
+void Package::check_inputs(const std::vector<at::Tensor>& inputs) const { impl_->default_method->check_inputs(inputs); }
+const std::vector<InputSpec>& Package::inputs() const { return impl_->default_method->inputs(); }
+const std::vector<std::string>& Package::output_names() const { return impl_->default_method->output_names(); }
+std::vector<std::string> Package::constant_fqns() const { return impl_->default_method->constant_fqns(); }
+
+const std::string& Package::name() const { return impl_->shared.manifest.name; }
+const std::filesystem::path& Package::dir() const { return impl_->shared.dir; }
+c10::Device Package::device() const { return impl_->shared.device; }
+bool Package::external() const { return impl_->shared.manifest.external; }
+bool Package::cuda_graphs() const { return impl_->shared.graphs; }
+const std::string& Package::state_mode() const { return impl_->state_mode; }
 const TensorMap& Package::weights() const { return impl_->weights; }
-const TensorMap& Package::state() const { return impl_->state; }
-std::vector<std::string> Package::constant_fqns() const { return impl_->loader->get_constant_fqns(); }
+const TensorMap& Package::state() const { return impl_->shared.state; }
 const OpenStats& Package::open_stats() const { return impl_->stats; }
 
 }  // namespace flashrt

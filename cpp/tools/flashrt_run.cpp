@@ -1,7 +1,7 @@
 // flashrt-run: one call of a flashrt_build package, inputs and outputs as safetensors.
 //
-//   flashrt-run DIR --inputs in.safetensors --out out.safetensors
-//               [--device cuda:0] [--weights checkpoint.safetensors] [--calls N]
+//   flashrt-run DIR --inputs in.safetensors --out out.safetensors [--method NAME]
+//               [--device cuda:0] [--weights checkpoint.safetensors] [--calls N] [--cuda-graphs]
 //
 // Exit codes: 0 the outputs are written; 1 the package, its weights or the
 // inputs were refused (one line on stderr says why), or the call failed;
@@ -18,14 +18,16 @@
 namespace {
 
 const char* kUsage =
-    "usage: flashrt-run DIR --inputs IN.safetensors --out OUT.safetensors [--device DEVICE] "
-    "[--weights CHECKPOINT.safetensors] [--calls N]\n"
+    "usage: flashrt-run DIR --inputs IN.safetensors --out OUT.safetensors [--method NAME] [--device DEVICE] "
+    "[--weights CHECKPOINT.safetensors] [--calls N] [--cuda-graphs]\n"
     "  DIR        a flashrt_build output directory (model.pt2, manifest.json, ...)\n"
     "  --inputs   the inputs by name, as the manifest lists them\n"
     "  --out      written with the outputs by path in the output tree ('output' for a lone tensor)\n"
+    "  --method   the method to call (default: the package's default, its forward)\n"
     "  --device   default: the build's target device\n"
     "  --weights  bind this checkpoint instead of the package's own weights\n"
-    "  --calls    call N times (a stateful module advances its state); the last outputs are written\n";
+    "  --calls    call N times (a stateful module advances its state); the last outputs are written\n"
+    "  --cuda-graphs  replay each call from a CUDA graph (CUDA packages; default: the manifest's serve.cuda_graphs)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "flashrt-run: " << message << "\n" << kUsage;
@@ -33,8 +35,9 @@ const char* kUsage =
 }
 
 struct Args {
-  std::string dir, inputs, out, weights;
+  std::string dir, inputs, out, weights, method;
   std::optional<std::string> device;
+  std::optional<bool> cuda_graphs;
   long calls = 1;
 };
 
@@ -58,6 +61,10 @@ Args parse(int argc, char** argv) {
       args.device = value();
     } else if (arg == "--weights") {
       args.weights = value();
+    } else if (arg == "--method") {
+      args.method = value();
+    } else if (arg == "--cuda-graphs") {
+      args.cuda_graphs = true;
     } else if (arg == "--calls") {
       const std::string n = value();
       char* end = nullptr;
@@ -90,21 +97,24 @@ int main(int argc, char** argv) {
         usage_error("--device '" + *args.device + "' is not a device (cpu, cuda, cuda:1)");
       }
     }
+    const flashrt::Options options{device, args.cuda_graphs, {}};
     flashrt::Package pkg = args.weights.empty()
-                               ? flashrt::Package::open(args.dir, device)
-                               : flashrt::Package::open(args.dir, device, std::filesystem::path(args.weights));
+                               ? flashrt::Package::open(args.dir, options)
+                               : flashrt::Package::open(args.dir, options, std::filesystem::path(args.weights));
+    flashrt::Method& method = pkg.method(args.method.empty() ? pkg.default_method() : args.method);
     flashrt::TensorMap inputs;
     for (auto& [name, tensor] : flashrt::SafetensorsFile(args.inputs).tensors()) {
       inputs.emplace(name, tensor.to(pkg.device()));
     }
     std::vector<at::Tensor> outputs;
-    for (long i = 0; i < args.calls; ++i) outputs = pkg.run(inputs);
+    for (long i = 0; i < args.calls; ++i) outputs = method.run(inputs);
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].defined()) named.emplace_back(pkg.output_names().at(i), outputs[i]);  // a None leaf: no tensor
+      if (outputs[i].defined()) named.emplace_back(method.output_names().at(i), outputs[i]);  // a None leaf: no tensor
     }
     flashrt::save_safetensors(args.out, named);
-    std::cout << pkg.name() << " on " << pkg.device() << ": " << args.calls << (args.calls == 1 ? " call" : " calls");
+    std::cout << pkg.name() << (pkg.method_names().size() > 1 ? "." + method.name() : "") << " on " << pkg.device()
+              << ": " << args.calls << (args.calls == 1 ? " call" : " calls");
     for (const auto& [name, t] : named) {
       std::cout << ", " << name << " " << t.sizes() << " " << flashrt::dtype_name(t.scalar_type());
     }

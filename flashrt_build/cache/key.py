@@ -53,7 +53,10 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
     """Everything the artifact's bytes depend on: the config without cosmetic
     keys, the module's code, every file the build reads (`digests`, by label),
     the toolchain's key fields (of its one description) and this tool's source."""
-    config = {k: v for k, v in spec.config.items() if k not in COSMETIC_KEYS and k != "seed"}
+    config = {k: v for k, v in spec.config.items() if k not in COSMETIC_KEYS and k not in ("seed", "serve")}
+    # Of the serving keys only the state's mode shapes the graph; the loader's
+    # defaults are the manifest's alone (toggling them never recompiles).
+    config["serve"] = {"state": spec.state_mode.value}
     config["module"] = {k: v for k, v in spec.config["module"].items() if k != "checkpoint"}
     own_sha, _ = source_tree_sha256(str(Path(__file__).resolve().parents[1]))  # all of flashrt_build
     kinds = {f.label: f.kind for f in spec.input_files}
@@ -69,6 +72,7 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
             "files": {label: sha for label, sha in digests.items() if kinds[label] == "weights"},
             "seed": spec.seed,
         },
+        "serve": {"cuda_graphs": spec.cuda_graphs, "max_graphs": spec.max_graphs},
     }
     # As the manifest will hold them: JSON types (axis keys as strings), so a
     # stored key compares equal to a recomputed one.
@@ -76,11 +80,11 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
 
 
 def build_keys(ingredients: dict[str, Any]) -> dict[str, str]:
-    graph_key = canonical_sha256({k: v for k, v in ingredients.items() if k != "weights"})
-    return {
-        "graph_key": graph_key,
-        "build_key": canonical_sha256({"graph": graph_key, "weights": ingredients["weights"]}),
-    }
+    graph_key = canonical_sha256({k: v for k, v in ingredients.items() if k not in ("weights", "serve")})
+    build = {"graph": graph_key, "weights": ingredients["weights"]}
+    if "serve" in ingredients:  # absent from the keys of artifacts built before it was
+        build["serve"] = ingredients["serve"]
+    return {"graph_key": graph_key, "build_key": canonical_sha256(build)}
 
 
 def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
@@ -91,7 +95,7 @@ def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
     methods = ingredients["config"]["module"].get("methods") or {}
     keys = {}
     for name, method in methods.items():
-        own = {k: v for k, v in ingredients.items() if k != "weights"}
+        own = {k: v for k, v in ingredients.items() if k not in ("weights", "serve")}
         own["config"] = {**own["config"], "module": {**own["config"]["module"], "methods": {name: method}}}
         if ingredients["config"]["weights"] == "baked":
             own["weights"] = ingredients["weights"]

@@ -31,6 +31,15 @@ class WeightsMode(str, Enum):
     external = "external"
 
 
+class StateMode(str, Enum):
+    """How a package keeps the buffers its methods write (a KV cache)."""
+
+    # The compiled code writes the bound tensors themselves: nothing is copied.
+    in_place = "in_place"
+    # State in, state out: each call copies every buffer twice (into the graph, back).
+    threaded = "threaded"
+
+
 @dataclass
 class DimConfig:
     """A dynamic range for one axis of an input, turned into `torch.export.Dim`."""
@@ -144,6 +153,21 @@ class VerifyConfig:
 
 
 @dataclass
+class ServeConfig:
+    """How the package is served: its state, and the loader's defaults."""
+
+    # Buffers the methods write (a KV cache): written in place in the bound
+    # tensors, or threaded through each call as inputs and outputs.
+    state: StateMode = StateMode.in_place
+    # The default of `flashrt_build.load(cuda_graphs=None)` on a CUDA target:
+    # capture each method in a CUDA graph on first use and replay it.
+    cuda_graphs: bool = False
+    # Graphs a method with dynamic dims captures, one per distinct shape;
+    # calls of any other shape then run without one.
+    max_graphs: int = 8
+
+
+@dataclass
 class ToolchainConfig:
     """The C++ compiler Inductor uses (its `cpp.cxx`); null: Inductor's default
     (the CXX variable, else g++). Recorded in the manifest either way."""
@@ -169,6 +193,7 @@ class BuildConfig:
     # Seeds the example inputs and the module's random initialisation.
     seed: int = 0
     verify: VerifyConfig = field(default_factory=VerifyConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     toolchain: ToolchainConfig = field(default_factory=ToolchainConfig)
     # fnmatch patterns every `_target_` of the module must match, checked before
     # anything is imported; empty allows any (release=true adds the shipped zoo).

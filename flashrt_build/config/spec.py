@@ -21,7 +21,7 @@ from ..runtime.formats import Checkpoint, resolve_checkpoint
 from .files import InputFile, checkpoint_files, model_files
 from .inputs import NAME, InputSpec, MethodSpec, canonical_dtype, resolve_methods
 from .paths import check_output_dir, check_temp_dir, check_writable
-from .schema import WeightsMode, unknown_keys
+from .schema import StateMode, WeightsMode, unknown_keys
 from .targets import allowed_targets, find_targets, target_allowed
 from .toolchain import check_compiler, compiler_path, march_rejected
 
@@ -60,6 +60,9 @@ class BuildSpec:
     force: bool
     threads: int | None
     config: Mapping[str, Any]  # the resolved config, JSON-ready
+    state_mode: StateMode = StateMode.in_place
+    cuda_graphs: bool = False  # the loader's default (serve.cuda_graphs)
+    max_graphs: int = 8
 
     @property
     def default_method(self) -> MethodSpec:
@@ -178,6 +181,11 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         problems.append(ConfigError("verify.repeat", verify["repeat"], "expected a count >= 0"))
     if not verify["timeout"] > 0:
         problems.append(ConfigError("verify.timeout", verify["timeout"], "expected seconds > 0"))
+    serve = config["serve"]
+    if serve["cuda_graphs"] and not device.startswith("cuda"):
+        problems.append(ConfigError("serve.cuda_graphs", True, "CUDA graphs need a CUDA target: use target=cuda"))
+    if serve["max_graphs"] < 0:
+        problems.append(ConfigError("serve.max_graphs", serve["max_graphs"], "expected a count >= 0"))
     threads = config.get("threads")
     if threads is not None and threads < 1:
         problems.append(ConfigError("threads", threads, "expected a thread count >= 1, or null for all cores"))
@@ -247,6 +255,9 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         force=bool(config["force"]),
         threads=threads,
         config=config,
+        state_mode=StateMode(serve["state"]),
+        cuda_graphs=bool(serve["cuda_graphs"]),
+        max_graphs=int(serve["max_graphs"]),
     )
 
 

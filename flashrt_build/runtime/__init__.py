@@ -3,7 +3,10 @@ safetensors and the standard library: no Hydra, no OmegaConf), and what the
 build's verification uses to load a package exactly as users do.
 
     load.py            `load(dir)`: digests checked, weights bound, a drop-in nn.Module
+    binding.py         what a load binds: weights checked, state in place or threaded
     call.py            one call of a method: inputs checked, state threaded, outputs rebuilt
+    graphs.py          CUDA-graph replay of a method's calls, one graph per input shape
+    generate.py        `generate(m, prompt, n)`: greedy generation through prefill and decode
     manifest.py        reading, writing and checking manifest.json
     manifest.schema.json  its JSON Schema, written once (schema.py validates against it)
     contract.py        what a load relies on, recorded in the package

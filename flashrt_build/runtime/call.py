@@ -1,10 +1,13 @@
 """One call of a loaded package: its inputs checked against the manifest
 (a compiled package runs a wrong shape or an out-of-range index silently, or
 aborts), then its own entry point with the input order and output tree read
-once at load, its threaded state written back, its constant outputs restored."""
+once at load (and on a GPU maybe replayed from a CUDA graph), its threaded
+state written back, its constant outputs restored."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +17,9 @@ import torch.utils._pytree as pytree
 from ..artifact import SINGLE_MODEL, STATE_KWARG
 from .dtypes import dtype_name
 from .gpu import fp32_precision
+from .graphs import GraphCache
+
+log = logging.getLogger("flashrt_build")
 
 
 class PackageMethod:
@@ -22,8 +28,9 @@ class PackageMethod:
     Inputs may be passed by position or by name, like the eager method;
     constant keyword arguments fixed at build time (`use_cache`) are filled in,
     and passing a different value is an error, not a silent no-op. Buffers the
-    method mutates are the package's shared `state`: written back after every
-    call, so what one method writes the next one reads.
+    method mutates are the package's shared `state`: written in place by the
+    compiled code, or (threaded) passed in and written back after every call,
+    so what one method writes the next one reads.
     """
 
     def __init__(
@@ -34,8 +41,11 @@ class PackageMethod:
         device: torch.device,
         tf32: bool | None,
         state: dict[str, torch.Tensor],
+        lock: threading.Lock | None = None,
+        graphs: GraphCache | None = None,
     ) -> None:
         self.name, self.runner = name, runner
+        self._lock = lock or threading.Lock()
         self._constant_kwargs = dict(entry.get("kwargs") or {})
         self._kwargs_key = "module.kwargs" if entry["model"] == SINGLE_MODEL else f"module.methods.{name}.kwargs"
         self._positional = [i["name"] for i in entry["inputs"] if i["positional"]]
@@ -43,13 +53,30 @@ class PackageMethod:
         self._order = self._positional + self._keyword
         self._check = InputCheck(entry["inputs"], device, self._kwargs_key.removesuffix(".kwargs"))
         self._direct = DirectCall.of(runner, self._positional, set(self._keyword), set(self._constant_kwargs))
+        if graphs is not None and self._direct is None:
+            log.warning("%s: its call spec is not a flat list of inputs; it runs without CUDA graphs", name)
+        elif self._direct is not None:
+            self._direct.graphs = graphs
         self._tf32 = tf32
+        # The threaded state (empty when the package writes its state in place).
         self._shared_state = state
-        self._state_names = list(entry.get("state") or [])
+        self._state_names = [name for name in entry.get("state") or [] if name in state]
         # Constants the method returns (None, an int): the compiled code gives them back as tensors.
         self._constants = [(i, o["value"]) for i, o in enumerate(entry.get("outputs") or []) if "value" in o]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(args, kwargs, values=True)
+
+    def run_trusted(self, *args: Any, **kwargs: Any) -> Any:
+        """A call without the check of declared value ranges, the one check
+        that waits for the device (each ranged input's min and max come to
+        the host), which stalls a loop that could queue its next step. Only
+        for inputs derived from the package's own outputs: a token argmax-ed
+        over the vocabulary, a position the caller counts. Shapes, dtypes and
+        devices are still checked."""
+        return self._call(args, kwargs, values=False)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], values: bool) -> Any:
         if len(args) > len(self._order):
             order = self._order
             raise TypeError(f"the package takes {len(order)} inputs ({', '.join(order)}), got {len(args)} positional")
@@ -58,11 +85,26 @@ class PackageMethod:
             self._bind_keywords(bound, kwargs)
         if len(bound) < len(self._order):
             raise TypeError(f"missing inputs: {', '.join(n for n in self._order if n not in bound)}")
-        self._check(bound)
-        if self._tf32 is None:
-            return self._run(bound)
-        with fp32_precision(self._tf32):  # extern kernels (cuBLAS, cuDNN) read it on every call
-            return self._run(bound)
+        self._check(bound, values)
+        with self._lock:
+            if self._tf32 is None:
+                return self._run(bound)
+            with fp32_precision(self._tf32):  # extern kernels (cuBLAS, cuDNN) read it on every call
+                return self._run(bound)
+
+    @property
+    def graphs(self) -> GraphCache | None:
+        """The CUDA graphs this method replays, by input shape (None: called plainly)."""
+        return self._direct.graphs if self._direct is not None else None
+
+    @graphs.setter
+    def graphs(self, cache: GraphCache | None) -> None:
+        if self._direct is not None:
+            self._direct.graphs = cache
+
+    def drop_graphs(self) -> None:
+        if self.graphs is not None:
+            self.graphs.clear()
 
     def _bind_keywords(self, bound: dict[str, Any], kwargs: dict[str, Any]) -> None:
         for key, value in kwargs.items():
@@ -107,6 +149,9 @@ class DirectCall:
     def __init__(self, loader: Any, order: list[str], out_spec: pytree.TreeSpec) -> None:
         self._run, self._order, self._out_spec = loader.boxed_run, order, out_spec
         self._state_prefix = f"{STATE_KWARG}."
+        # What a graph copies in: the caller's inputs (threaded state is read where it is).
+        self._copied = [i for i, name in enumerate(order) if not name.startswith(self._state_prefix)]
+        self.graphs: GraphCache | None = None
 
     @classmethod
     def of(cls, runner: Any, positional: list[str], keyword: set[str], constants: set[str]) -> DirectCall | None:
@@ -134,7 +179,9 @@ class DirectCall:
     def __call__(self, inputs: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> Any:
         if state:
             inputs = {**inputs, **{self._state_prefix + name: t for name, t in state.items()}}
-        return pytree.tree_unflatten(self._run([inputs[name] for name in self._order]), self._out_spec)
+        flat = [inputs[name] for name in self._order]
+        outputs = self._run(flat) if self.graphs is None else self.graphs(self._run, flat, self._copied)
+        return pytree.tree_unflatten(outputs, self._out_spec)
 
 
 class InputCheck:
@@ -164,7 +211,7 @@ class InputCheck:
             for spec in specs
         ]
 
-    def __call__(self, inputs: Mapping[str, Any]) -> None:
+    def __call__(self, inputs: Mapping[str, Any], values: bool = True) -> None:
         seen: dict[str, tuple[int, str]] = {}
         for name, dtype, spec, static, dynamic in self._rules:
             value = inputs[name]
@@ -199,13 +246,19 @@ class InputCheck:
                     raise ValueError(
                         f"inputs '{first[1]}' and '{name}' share dim '{dim}' but have sizes {first[0]} and {size}"
                     )
-        for name, low, high in self._ranges:
-            self._check_range(name, inputs[name], low, high)
+        if values and self._ranges:
+            self._check_ranges(inputs)
 
-    def _check_range(self, name: str, value: torch.Tensor, low: int | None, high: int | None) -> None:
-        if not value.numel():
+    def _check_ranges(self, inputs: Mapping[str, Any]) -> None:
+        checked = [(name, low, high) for name, low, high in self._ranges if inputs[name].numel()]
+        if not checked:
             return
-        smallest, largest = (int(v) for v in torch.aminmax(value))  # one pass, one sync on a GPU
+        # One pass per input and one transfer for all: a decode step on a GPU waits once, not twice per input.
+        bounds = torch.stack([torch.stack(torch.aminmax(inputs[name])).to(torch.int64) for name, _, _ in checked])
+        for (name, low, high), (smallest, largest) in zip(checked, bounds.tolist(), strict=True):
+            self._check_range(name, smallest, largest, low, high)
+
+    def _check_range(self, name: str, smallest: int, largest: int, low: int | None, high: int | None) -> None:
         if (low is not None and smallest < low) or (high is not None and largest >= high):
             accepted = f"{'-inf' if low is None else low} to {'inf' if high is None else high - 1}"
             raise ValueError(

@@ -45,6 +45,8 @@ def load_contract(manifest: dict[str, Any]) -> dict[str, Any]:
             for name, entry in manifest_methods(manifest).items()
         },
     }
+    if state and state.get("mode") == "in_place":  # only then: the contracts of earlier packages stay as they were
+        contract["state_mode"] = "in_place"
     return json.loads(json.dumps(contract))  # as it reads back: JSON types only
 
 

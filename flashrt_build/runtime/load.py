@@ -1,8 +1,10 @@
 """Load a built package as a drop-in `torch.nn.Module`, after checking it.
 
-Weights are bound in place (`user_managed`): the package reads the caller's
-tensors, so no weight is copied on the device and a buffer the graph writes is
-the caller's buffer. Each method's calls go through `call.PackageMethod`.
+Weights are bound in place (`user_managed`, `binding.py`): the package reads
+the caller's tensors, so no weight is copied on the device and a buffer the
+graph writes is the caller's buffer. Each method's calls go through
+`call.PackageMethod`, one at a time (one lock per loaded package), and on a
+GPU may replay CUDA graphs (`graphs.py`).
 """
 
 from __future__ import annotations
@@ -12,23 +14,25 @@ import functools
 import importlib
 import re
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..artifact import MANIFEST, SINGLE_MODEL, default_method, tf32_policy
-from ..errors import ArtifactError, WeightsMismatch
+from ..errors import ArtifactError
+from .binding import WeightsArg, bind, state_to_bind, weights_to_bind
 from .call import PackageMethod
-from .checkpoint import as_argument, compare, laid_out, read_all, read_checkpoint
+from .checkpoint import read_checkpoint
 from .contract import check_contract
-from .dtypes import dtype_name
 from .gpu import check_gpu_arch, gpu_of
+from .graphs import GraphCache
 from .hashing import altered_digest
-from .manifest import manifest_methods, method_bindings, read_manifest
+from .manifest import manifest_methods, read_manifest, state_mode
 
-WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
+DEFAULT_MAX_GRAPHS = 8
 
 
 class LoadedModule(torch.nn.Module):
@@ -36,6 +40,10 @@ class LoadedModule(torch.nn.Module):
     the method that stands for the module's forward, `m.NAME(...)` (or
     `m.methods[NAME](...)`) any method of a package with several. Attributes
     the package lacks are looked up on the host module, when one was given.
+
+    Thread-safe by serializing: calls from several threads run one at a time
+    (the methods share one state, and a runner that replays CUDA graphs is
+    single-threaded).
     """
 
     # Set per instance (declared here so `attribute_names` sees them).
@@ -44,9 +52,12 @@ class LoadedModule(torch.nn.Module):
     bound_weights: dict[str, torch.Tensor]
     state: dict[str, torch.Tensor]
     methods: dict[str, PackageMethod]
+    runners: dict[str, Any]
     default_method: str
+    cuda_graphs: bool
     _host: torch.nn.Module | None
     _device: torch.device
+    _lock: threading.Lock
 
     def __init__(
         self,
@@ -57,9 +68,11 @@ class LoadedModule(torch.nn.Module):
         host: torch.nn.Module | None = None,
         device: torch.device | None = None,
         state: Mapping[str, torch.Tensor] | None = None,
+        graphs: tuple[int, bool] | None = None,
     ) -> None:
         """`runner`: the loaded model of each method, by model name (or the
-        one model of a single-method package)."""
+        one model of a single-method package). `graphs`: (max graphs per
+        method, copy outputs) to replay CUDA graphs, None to call plainly."""
         super().__init__()
         self.manifest = manifest
         self.output_dir = output_dir
@@ -67,15 +80,29 @@ class LoadedModule(torch.nn.Module):
         # and the bound tensors stay alive as long as the package does.
         object.__setattr__(self, "_host", host)
         object.__setattr__(self, "bound_weights", dict(weights or {}))
-        # Buffers the module mutates: passed in and written back on every call.
+        # Buffers the methods mutate, shared by all: written in place by the
+        # compiled code, or (threaded) passed in and written back on every call.
         object.__setattr__(self, "state", dict(state or {}))
+        object.__setattr__(self, "_lock", threading.Lock())
         self._device = torch.device(device if device is not None else manifest["target"]["device"])
+        self.cuda_graphs = graphs is not None
         # Only a float32 CUDA package sets torch's precision flags around its calls.
         tf32 = tf32_policy(str(self._device), manifest["target"]["dtype"], manifest["target"].get("tf32"))
         entries = manifest_methods(manifest)
         runners = runner if isinstance(runner, Mapping) else {entry["model"]: runner for entry in entries.values()}
+        object.__setattr__(self, "runners", dict(runners))
+        threaded = self.state if state_mode(manifest) == "threaded" else {}
         methods = {
-            name: PackageMethod(name, runners[entry["model"]], entry, self._device, tf32, self.state)
+            name: PackageMethod(
+                name,
+                runners[entry["model"]],
+                entry,
+                self._device,
+                tf32,
+                threaded,
+                self._lock,
+                GraphCache(name, graphs[0], graphs[1]) if graphs is not None else None,
+            )
             for name, entry in entries.items()
         }
         object.__setattr__(self, "methods", methods)
@@ -105,6 +132,28 @@ class LoadedModule(torch.nn.Module):
     def constant_fqns(self, method: str | None = None) -> list[str]:
         """The names a method's model binds (the default method's unless named)."""
         return list(self.methods[method or self.default_method].runner.get_constant_fqns())
+
+    def bind(self, weights: WeightsArg) -> None:
+        """Bind other weights (a checkpoint path or a mapping), checked like
+        `load`'s. Every method's captured CUDA graphs are dropped: they hold
+        the addresses of the tensors bound before."""
+        bound = weights_to_bind(self.manifest, weights, None, None, self._device)
+        with self._lock:
+            bind(self.runners, self.manifest, bound, self.state)
+            object.__setattr__(self, "bound_weights", bound)
+            for method in self.methods.values():
+                method.drop_graphs()
+
+    def reset_state(self) -> None:
+        """Write the build's initial values into the state (an empty KV cache),
+        in place: the tensors stay the ones bound, so captured graphs stay valid."""
+        section = self.manifest.get("state")
+        if not section:
+            return
+        initial = read_checkpoint(check_file(self.output_dir, section, "the state"), self._device)
+        with self._lock, torch.no_grad():
+            for name, tensor in self.state.items():
+                tensor.copy_(initial[name])
 
 
 def attribute_names() -> frozenset[str]:
@@ -136,51 +185,28 @@ def open_package(
     weights: WeightsArg = None,
     device: str | torch.device | None = None,
     host: torch.nn.Module | None = None,
+    graphs: tuple[int, bool] | None = None,
 ) -> LoadedModule:
     """Load a package whose manifest is already read (build uses it before publishing)."""
     package = check_file(output_dir, manifest["package"], "the package")
     check_contract(package, manifest, output_dir / MANIFEST)
     device = torch.device(device if device is not None else manifest["target"]["device"])
     check_gpu_arch(manifest["toolchain"].get("gpu"), device, gpu_of(str(device)))
-    external = manifest["weights"]["mode"] == "external"
     # Checked when read: bound to a host's or the caller's tensors, a 2 GB sidecar
     # is never hashed (1.7 s of a 1.8 s load on the H200).
+    external = manifest["weights"]["mode"] == "external"
     sidecar = functools.partial(check_file, output_dir, manifest["weights"], "the weights") if external else None
-
-    entries = manifest["weights"]["tensors"]
-    source, tensors = _weights_source(weights, host, sidecar, device)
-    borrowed = isinstance(weights, Mapping) or (weights is None and host is not None)
-    bound: dict[str, torch.Tensor] = {}
-    if tensors is not None:
-        threaded = {t["fqn"] for t in (manifest.get("state") or {}).get("tensors", [])}
-        tensors = {name: t for name, t in tensors.items() if name not in threaded}  # bound as state, below
-        table = {name: (list(t.shape), dtype_name(t.dtype)) for name, t in tensors.items()}
-        devices = {name: t.device for name, t in tensors.items()}
-        # The caller's tensors are bound as they are (borrowed), so their layout must be the package's.
-        strides = {name: t.stride() for name, t in tensors.items()} if borrowed else None
-        chosen, problems = compare(entries, table, device, devices, manifest["weights"].get("unused", []), strides)
-        if problems:
-            raise WeightsMismatch(problems, source)
-        by_fqn = {e["fqn"]: e for e in entries}
-        bound = {fqn: laid_out(tensors[name], by_fqn[fqn]) for fqn, name in chosen.items()}
-        if external and len(bound) < len(entries):
-            # constants of the forward's code, non-persistent buffers: the build's values
-            defaults = read_checkpoint(sidecar(), device)
-            bound.update({e["fqn"]: laid_out(defaults[e["fqn"]], e) for e in entries if e["fqn"] not in bound})
-
-    state = _state_source(output_dir, manifest, weights if isinstance(weights, Mapping) else None, host, device)
+    bound = weights_to_bind(manifest, weights, host, sidecar, device)
+    state_file = functools.partial(check_file, output_dir, manifest.get("state") or {}, "the state")
+    mapping = weights if isinstance(weights, Mapping) else None
+    state = state_to_bind(lambda: read_checkpoint(state_file(), device), manifest, mapping, host, device)
     index = device.index if device.type == "cuda" and device.index is not None else -1
     runners = {}
-    for name, entry in manifest_methods(manifest).items():
-        runner = load_package(package, index, entry["model"])
+    for entry in manifest_methods(manifest).values():
+        runners[entry["model"]] = runner = load_package(package, index, entry["model"], graphs is not None)
         _import_tree_types(runner)
-        # Each method binds the same tensors by its own names: one copy for all.
-        names = method_bindings(entries, name)
-        own = {fqn: bound[key] for fqn, key in names.items() if key in bound}
-        if own:
-            runner.load_constants(own, check_full_update=external, user_managed=True)
-        runners[entry["model"]] = runner
-    return LoadedModule(runners, manifest, output_dir, bound, host, device, state)
+    bind(runners, manifest, bound, state)
+    return LoadedModule(runners, manifest, output_dir, bound, host, device, state, graphs)
 
 
 def _import_tree_types(runner: Any) -> None:
@@ -199,55 +225,39 @@ def _import_tree_types(runner: Any) -> None:
                     importlib.import_module(module_path)
 
 
-def _state_source(
-    output_dir: Path,
-    manifest: dict[str, Any],
-    weights: Mapping[str, torch.Tensor] | None,
-    host: torch.nn.Module | None,
-    device: torch.device,
-) -> dict[str, torch.Tensor]:
-    """The mutated buffers a stateful package threads: the host's own buffers
-    (so the caller sees them change), a mapping's, or the build's initial values."""
-    section = manifest.get("state")
-    if not section:
-        return {}
-    names = [t["fqn"] for t in section["tensors"]]
-    if host is not None:
-        return {name: host.get_buffer(name) for name in names}
-    if weights is not None and all(name in weights for name in names):
-        return {name: weights[name] for name in names}
-    initial = read_checkpoint(check_file(output_dir, section, "the state"), device)
-    return {name: initial[name] for name in names}
-
-
-def _weights_source(
-    weights: WeightsArg, host: torch.nn.Module | None, sidecar: Callable[[], Path] | None, device: torch.device
-) -> tuple[str, Mapping[str, torch.Tensor] | None]:
-    """(description, name -> tensor) of the weights to bind; None keeps the baked ones."""
-    if weights is not None and not isinstance(weights, (str, Path, Mapping)):
-        raise TypeError(f"weights must be a path, a mapping of names to tensors or None, not {type(weights).__name__}")
-    if isinstance(weights, (str, Path)):  # a file, or a directory as save_pretrained writes one
-        return str(weights), read_all(as_argument("weights", weights), device, "weights")
-    if isinstance(weights, Mapping):
-        return "the given mapping", weights
-    if host is not None:
-        named = dict(host.named_parameters(remove_duplicate=False))
-        named.update(host.named_buffers(remove_duplicate=False))
-        return f"host module {type(host).__name__}", {k: v.detach() for k, v in named.items()}
-    if sidecar is not None:
-        path = sidecar()
-        return str(path), read_checkpoint(path, device)
-    return "the package", None
-
-
-def load_package(path: Path, device_index: int = -1, model: str = SINGLE_MODEL) -> Any:
-    """Load one model of a `.pt2` package into this process (torch's AOTICompiledModel)."""
+def load_package(path: Path, device_index: int = -1, model: str = SINGLE_MODEL, single_threaded: bool = False) -> Any:
+    """Load one model of a `.pt2` package into this process (torch's AOTICompiledModel).
+    `single_threaded`: a runner without its own stream and locks, the only
+    kind whose calls can be captured in a CUDA graph."""
     if model == SINGLE_MODEL:
-        return torch._inductor.aoti_load_package(str(path), device_index=device_index)
+        return torch._inductor.aoti_load_package(str(path), single_threaded, device_index)
     # This model only: torch's load_package(path, name) loads every model of the archive to return one.
     from torch._inductor.package.package import AOTICompiledModel
 
-    return AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), model, False, 1, device_index))
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), model, single_threaded, 1, device_index)
+    return AOTICompiledModel(loader)
+
+
+def graph_options(
+    manifest: dict[str, Any],
+    device: torch.device,
+    cuda_graphs: bool | None,
+    max_graphs: int | None,
+    copy_outputs: bool,
+) -> tuple[int, bool] | None:
+    """(max graphs per method, copy outputs) when calls replay CUDA graphs, else None.
+    Unset arguments take the build's `serve` section; graphs need a CUDA device."""
+    serve = manifest.get("serve") or {}
+    if cuda_graphs is None:
+        cuda_graphs = bool(serve.get("cuda_graphs")) and device.type == "cuda"
+    if not cuda_graphs:
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device; this package runs on {device}")
+    bound = serve.get("max_graphs", DEFAULT_MAX_GRAPHS) if max_graphs is None else max_graphs
+    if bound < 0:
+        raise ValueError(f"max_graphs must be >= 0, got {bound}")
+    return bound, copy_outputs
 
 
 def load(
@@ -255,6 +265,10 @@ def load(
     weights: WeightsArg = None,
     device: str | torch.device | None = None,
     host: torch.nn.Module | None = None,
+    *,
+    cuda_graphs: bool | None = None,
+    max_graphs: int | None = None,
+    copy_outputs: bool = True,
 ) -> LoadedModule:
     """Load the package in `output_dir` as a `torch.nn.Module`.
 
@@ -265,6 +279,16 @@ def load(
     manifest and bound in place. `host`: the eager module the package stands in
     for; its attributes stay reachable, and with `weights=None` its own
     parameters and buffers are bound. `device`: defaults to the build's target.
+
+    `cuda_graphs`: replay each method from a CUDA graph per input shape (the
+    first call of a shape warms up, the second captures), at most `max_graphs`
+    shapes per method; unset, the build's `serve.cuda_graphs` and
+    `serve.max_graphs` decide (on a CUDA device). Outputs are copies the next
+    call leaves alone; `copy_outputs=False` returns the graph's own tensors,
+    which the next call of that shape overwrites.
     """
     output_dir = Path(output_dir)
-    return open_package(output_dir, read_manifest(output_dir), weights, device, host)
+    manifest = read_manifest(output_dir)
+    target = torch.device(device if device is not None else manifest["target"]["device"])
+    graphs = graph_options(manifest, target, cuda_graphs, max_graphs, copy_outputs)
+    return open_package(output_dir, manifest, weights, device, host, graphs)

@@ -119,6 +119,7 @@ class Manifest(TypedDict, total=False):
     outputs: list[dict[str, Any]]
     methods: dict[str, MethodEntry]
     target: dict[str, Any]
+    serve: dict[str, Any]
     inductor: dict[str, Any]
     release: bool
     config: dict[str, Any]
@@ -141,6 +142,13 @@ def method_bindings(tensors: list[dict[str, Any]], method: str) -> dict[str, str
         for entry in tensors
         if "methods" not in entry or method in entry["methods"]
     }
+
+
+def state_mode(manifest: dict[str, Any]) -> str | None:
+    """How the package keeps its state: "in_place", "threaded" (also every
+    stateful manifest written before the mode was recorded), None: no state."""
+    state = manifest.get("state")
+    return (state.get("mode") or "threaded") if state else None
 
 
 def manifest_methods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -52,6 +52,7 @@ def assemble_manifest(
         "outputs": sections["outputs"],
         "methods": sections["methods"],
         "target": sections["target"],
+        "serve": {"cuda_graphs": spec.cuda_graphs, "max_graphs": spec.max_graphs},
         "toolchain": sections["toolchain"],
         "inductor": {"options": _jsonable(options)},
         "release": spec.release,

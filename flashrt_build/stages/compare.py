@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ..errors import VerifyError
+
+if TYPE_CHECKING:
+    from ..config.spec import BuildSpec
 
 # (atol, rtol) per output dtype. A leaf passes when its max absolute error is
 # within atol or its relative error ||out - ref|| / ||ref|| is within rtol.
@@ -114,3 +117,25 @@ def raise_on_mismatch(leaves: list[LeafResult], where: str) -> None:
                 f"package output {leaf.path} differs from eager at {where}: max_abs_err={leaf.max_abs_err:.3g} "
                 f"(verify.atol {leaf.atol:g}), rel_err={leaf.rel_err:.3g} (verify.rtol {leaf.rtol:g})"
             )
+
+
+def check_replayed(spec: BuildSpec, labels: list[str], references: list[Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The sequence replayed from CUDA graphs (as `load(cuda_graphs=True)`
+    serves it) against the plain calls and against eager."""
+    worst_plain = worst_eager = 0.0
+    for label, ref, plain, replayed in zip(labels, references, result["outputs"], result["replayed"], strict=True):
+        where = f"{label}, replayed from a CUDA graph"
+        against_eager = compare_leaves(replayed["leaves"], ref, spec.atol, spec.rtol, spec.allow_nonfinite)
+        raise_on_mismatch(against_eager, where)
+        plain_tree = pytree.tree_unflatten(plain["leaves"], pytree.tree_flatten(ref)[1])
+        against_plain = compare_leaves(replayed["leaves"], plain_tree, spec.atol, spec.rtol, spec.allow_nonfinite)
+        raise_on_mismatch(against_plain, f"{where} (against the plain call)")
+        worst_eager = max([worst_eager, *(leaf.max_abs_err for leaf in against_eager)])
+        worst_plain = max([worst_plain, *(leaf.max_abs_err for leaf in against_plain)])
+    return {
+        "passed": True,
+        "calls": len(labels),
+        "captured": result["graphs"],
+        "max_abs_err_vs_plain": worst_plain,
+        "max_abs_err_vs_eager": worst_eager,
+    }

@@ -31,6 +31,12 @@ def mode_options(weights: WeightsMode) -> dict[str, Any]:
     return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
 
 
+# A program that writes its state in place reads it as a constant, and
+# Inductor folds constants of one value into literals: a step counter's
+# `steps + 1` became `1.0` on every call. Such programs compile without it.
+IN_PLACE_STATE_OPTIONS: dict[str, Any] = {"joint_graph_constant_folding": False}
+
+
 def compile_package(
     program: torch.export.ExportedProgram,
     options: Mapping[str, Any],

@@ -4,9 +4,12 @@ A graph break or any export failure is an error naming the module target and
 torch's reason. There is no fallback to a partial graph or to eager.
 
 A module that mutates its buffers in forward (a step counter, running
-statistics, a cache) is exported with that state as an explicit input and
-output: a compiled package that kept the buffer as an internal constant would
-read a stale value from its second call on.
+statistics, a KV cache) keeps them as the package's state. In place (the
+default, `serve.state`): the graph is exported as it is and the compiled code
+writes the buffers it binds, which the loader binds to one shared set of
+tensors, so nothing is copied and what one method writes the next reads.
+Threaded: the state is an explicit input and output of the graph, copied in
+and back on every call.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 
 from ..artifact import STATE_KWARG
 from ..config.inputs import MethodSpec
+from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
@@ -126,16 +130,18 @@ def threaded(module: torch.nn.Module, names: list[str], positional: list[str], k
 
 @dataclass
 class Exported:
-    """One method's exported program and, for a stateful one, its threaded buffers."""
+    """One method's exported program and, for a stateful one, the buffers it
+    writes: in place, or threaded through the call as inputs and outputs."""
 
     method: MethodSpec
     program: torch.export.ExportedProgram
     state: list[str] = field(default_factory=list)
+    threaded: bool = False
 
     @property
     def prefix(self) -> str:
         """What the package's FQNs start with, relative to the user's module."""
-        return f"{WRAPPED}." if self.state else ""
+        return f"{WRAPPED}." if self.threaded else ""
 
 
 def export_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[list[Exported]]:
@@ -146,7 +152,7 @@ def export_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[list[Exporte
         exported.append(export_module(module, spec, example, dynamic_shapes(spec, example, method), method))
     note = ", ".join(
         f"{e.method.label + ': ' if e.method.label else ''}{len(e.program.graph.nodes)} graph nodes"
-        + (f", state threaded: {', '.join(e.state)}" if e.state else "")
+        + (f", state {'threaded' if e.threaded else 'in place'}: {', '.join(e.state)}" if e.state else "")
         for e in exported
     )
     return Stage(exported, note)
@@ -165,8 +171,8 @@ def export_module(
     with calling(module, method):
         program = _export(module, spec, method, example.args, example.kwargs, dynamic_shapes)
     mutated = mutated_buffers(program, spec)
-    if not mutated:
-        return Exported(method, program)
+    if not mutated or spec.state_mode is StateMode.in_place:
+        return Exported(method, program, mutated)
     where = f"{method.name}: " if method.label else ""
     log.info("%sthreading mutated buffers through the package as explicit state: %s", where, ", ".join(mutated))
     state = {name: module.get_buffer(name) for name in mutated}
@@ -182,7 +188,7 @@ def export_module(
     left = mutated_buffers(program, spec)
     if left:
         raise ExportError(f"{spec.target} still mutates buffers {left} after threading them as state")
-    return Exported(method, program, mutated)
+    return Exported(method, program, mutated, threaded=True)
 
 
 def _shape_of(shapes: Any, value: Any) -> Any:
@@ -231,7 +237,7 @@ def _user_frame(partial_graph: str) -> str | None:
 
 def output_specs(exported: Exported) -> list[dict[str, Any]]:
     """Shape and dtype of each flattened output of a method, dynamic dims by their names."""
-    program, state = exported.program, len(exported.state)
+    program, state = exported.program, len(exported.state) if exported.threaded else 0
     names: dict[Any, str] = {}
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     for inp in exported.method.inputs:

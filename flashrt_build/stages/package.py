@@ -39,12 +39,19 @@ def package_stage(
     staging: Path,
 ) -> Stage[list[str]]:
     """What the package binds and takes, as manifest sections; the package
-    sealed with the part of them a load relies on. Its value: the buffers
-    threaded as state (verification compares them)."""
+    sealed with the part of them a load relies on. Its value: the state
+    buffers the methods write (verification compares them)."""
     package_path = staging / PACKAGE
+    stateful = sorted({name for e in exported for name in e.state})
+    threaded = any(e.threaded for e in exported)
     bound = {
+        # In place, every method binds the shared state (one that only reads it too), not a weight's copy.
         e.method.name: match_package_tensors(
-            e.program, package_constant_fqns(package_path, e.method.model), spec.target, e.prefix, e.state
+            e.program,
+            package_constant_fqns(package_path, e.method.model),
+            spec.target,
+            e.prefix,
+            e.state if e.threaded else stateful,
         )
         for e in exported
     }
@@ -54,7 +61,6 @@ def package_stage(
         weights.update(file=SIDECAR, **file_record(write_sidecar(staging / SIDECAR, tensors)))
     elif spec.multi_method:
         weights["copies"] = len(spec.methods)  # each method's model holds its own
-    threaded = sorted({name for e in exported for name in e.state})
     default = next(e for e in exported if e.method == spec.default_method)
     sections: dict[str, Any] = {
         "weights": {
@@ -65,7 +71,7 @@ def package_stage(
             # module tensors the graph never reads: accepted in a checkpoint, not bound
             "unused": unused,
         },
-        "state": write_state(staging, module, threaded),
+        "state": write_state(staging, module, stateful, threaded),
         # the default method's (what m(...) calls); every method's under `methods`
         "inputs": [inp.to_json() for inp in default.method.inputs],
         "outputs": output_specs(default),
@@ -93,19 +99,28 @@ def package_stage(
         note += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
     if inlined:
         note += f", {len(inlined)} code constants inlined"
-    return Stage(threaded, note, sections)
+    if stateful:
+        note += f", state {'threaded' if threaded else 'in place'} ({sections['state']['bytes'] / 1e6:.2f} MB)"
+    return Stage(stateful, note, sections)
 
 
-def write_state(staging: Path, module: torch.nn.Module, names: list[str]) -> dict[str, Any] | None:
-    """The initial values of threaded buffers, beside the package."""
+def write_state(staging: Path, module: torch.nn.Module, names: list[str], threaded: bool) -> dict[str, Any] | None:
+    """The initial values of the state buffers, beside the package, and how
+    the package keeps them: in place (written where they are bound, never
+    copied) or threaded (each call copies them into the graph and back)."""
     if not names:
         return None
     tensors = {name: module.get_buffer(name).detach().to("cpu").contiguous().clone() for name in names}
     path = staging / STATE
     save_file(tensors, str(path))
+    size = sum(t.nbytes for t in tensors.values())
     return {
         "file": STATE,
         **file_record(path),
+        "mode": "threaded" if threaded else "in_place",
+        "state_bytes": size,
+        # the bytes a call moves to keep the state: a copy into the graph and one back
+        "copied_bytes_per_call": 2 * size if threaded else 0,
         "tensors": [
             {"fqn": n, "shape": list(t.shape), "dtype": dtype_name(t.dtype), "sha256": tensor_sha256(t)}
             for n, t in tensors.items()

@@ -29,8 +29,8 @@ from ..config.inputs import MethodSpec
 from ..config.spec import BuildSpec
 from ..errors import LoaderCrash, VerifyError, first_lines
 from ..runtime.gpu import gpu_of
-from ..runtime.manifest import method_bindings
-from .compare import LeafResult, compare_leaves, raise_on_mismatch
+from ..runtime.manifest import method_bindings, state_mode
+from .compare import LeafResult, check_replayed, compare_leaves, raise_on_mismatch
 from .inputs import make_inputs
 from .progress import Stage
 from .threads import RUN_THREADS_ENV
@@ -234,9 +234,10 @@ def verify(
     calls = plan_calls(spec, repeat)
     with tempfile.TemporaryDirectory(prefix="flashrt-verify-") as work:  # never inside the artifact
         result = run_package(staging, manifest, calls, timeout, Path(work))
+    in_place = {t["fqn"] for t in manifest["state"]["tensors"]} if state_mode(manifest) == "in_place" else set()
     for method, fqns in result["fqns"].items():
         expected = sorted(method_bindings(manifest["weights"]["tensors"], method))
-        if sorted(fqns) != expected:
+        if sorted(set(fqns) - in_place) != expected:  # the state it writes in place is bound apart
             raise VerifyError(f"the package's {method} binds {sorted(fqns)}, the manifest lists {expected}")
     references, ref_state = run_eager(module, spec, calls, state)
     probes = []
@@ -253,6 +254,8 @@ def verify(
         leaf.path = f"state.{name}"
     raise_on_mismatch(state_leaves, f"the end of the sequence ({len(calls)} calls)")
     record = _verification_record(probes, state_leaves, spec)
+    if "replayed" in result:
+        record["graphs"] = check_replayed(spec, [c.label for c in calls], references, result)
     if "bench" in result:
         record["bench"] = result["bench"]
     return record

@@ -5,6 +5,10 @@
 Reads WORK_DIR/manifest.json (the draft manifest) and WORK_DIR/calls.pt, loads
 the package exactly as `flashrt_build.load` does, runs the calls in order and
 writes WORK_DIR/result.pt. A crash here is reported by the build, not suffered.
+
+On a GPU the calls run again as a serving process runs them, replayed from
+CUDA graphs: once to warm up and capture (from the build's initial state),
+then once more, every call a replay, whose outputs go back as `replayed`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import first_lines
-from ..runtime.load import open_package
+from ..runtime.load import LoadedModule, graph_options, open_package
 from .threads import limit_run_threads
 
 PROGRESS = "progress"  # the step begun last: where a crash or a hang happened
@@ -28,7 +32,39 @@ def main(staging: Path, work: Path) -> None:
     manifest = json.loads((work / "manifest.json").read_text())
     calls = torch.load(work / "calls.pt", weights_only=False)
     (work / PROGRESS).write_text("loading")
-    model = open_package(staging, manifest)
+    device = torch.device(manifest["target"]["device"])
+    graphs = graph_options(manifest, device, True, None, True) if device.type == "cuda" else None
+    model = open_package(staging, manifest, graphs=graphs)
+    caches = {name: method.graphs for name, method in model.methods.items()}
+    for method in model.methods.values():  # first as plain calls
+        method.graphs = None
+    outputs = run_calls(model, calls, work)
+    if outputs is None:
+        return
+    result = {
+        "fqns": {name: model.constant_fqns(name) for name in model.methods},
+        "outputs": outputs,
+        "state": {name: t.detach().cpu().clone() for name, t in model.state.items()},
+    }
+    if graphs is not None:
+        for name, method in model.methods.items():
+            method.graphs = caches[name]
+        for _ in range(2):  # warm-up and capture, then every call replayed
+            model.reset_state()
+            replayed = run_calls(model, calls, work)
+            if replayed is None:
+                return
+        result["replayed"] = replayed
+        result["graphs"] = {name: len(cache.graphs) for name, cache in caches.items() if cache is not None}
+    if manifest["config"]["verify"]["bench"]:
+        default = next(c for c in calls if c["method"] == model.default_method)
+        result["bench"] = bench(manifest, model, default["inputs"])
+    (work / PROGRESS).write_text("saving")
+    torch.save(result, work / "result.pt")
+
+
+def run_calls(model: LoadedModule, calls: list[dict], work: Path) -> list[dict] | None:
+    """Each call's output leaves on the CPU; None once a call failed (written to result.pt)."""
     outputs = []
     with torch.no_grad():
         for index, call in enumerate(calls):  # each by its method, as users call them: state carries over
@@ -40,20 +76,11 @@ def main(staging: Path, work: Path) -> None:
                 torch.save(
                     {"failed": {"call": index, "error": type(exc).__name__, "message": said}}, work / "result.pt"
                 )
-                return
+                return None
             leaves, spec = pytree.tree_flatten(out)
             cpu = [leaf.detach().cpu().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             outputs.append({"leaves": cpu, "spec": str(spec)})
-    result = {
-        "fqns": {name: model.constant_fqns(name) for name in model.methods},
-        "outputs": outputs,
-        "state": {name: t.detach().cpu().clone() for name, t in model.state.items()},
-    }
-    if manifest["config"]["verify"]["bench"]:
-        default = next(c for c in calls if c["method"] == model.default_method)
-        result["bench"] = bench(manifest, model, default["inputs"])
-    (work / PROGRESS).write_text("saving")
-    torch.save(result, work / "result.pt")
+    return outputs
 
 
 def bench(manifest: dict, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict:

@@ -103,10 +103,11 @@ def match_package_tensors(
     """Pair each name the package binds with its tensor in the exported program;
     also returns the code constants Inductor inlined and the names of module
     tensors the graph never reads (neither bound nor needed)."""
-    package_fqns = list(package_fqns)
-    # Threaded state buffers are inputs of the package, not constants it binds.
-    threaded = {prefix + name for name in state}
-    tensors = [t for t in program_tensors(program) if t[0] not in threaded]
+    # State buffers are bound apart from the weights: threaded ones are inputs
+    # of the package, in-place ones constants it writes, bound to shared tensors.
+    state_names = {prefix + name for name in state}
+    package_fqns = [fqn for fqn in package_fqns if fqn not in state_names]
+    tensors = [t for t in program_tensors(program) if t[0] not in state_names]
     by_name = {name: (kind, t) for name, kind, t in tensors}
     matched = {
         fqn: WeightTensor(fqn, *by_name[fqn], source=fqn.removeprefix(prefix)) for fqn in package_fqns if fqn in by_name

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
+from flashrt_build.config.compose import compose
 from flashrt_build.runtime.hashing import file_record
 
 pytestmark = pytest.mark.slow
@@ -43,15 +44,27 @@ def cpp_tools() -> dict[str, Path]:
     )  # fmt: skip
     assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
     jobs = str(min(os.cpu_count() or 1, 4))
-    build = run("cmake", "--build", BUILD, "-j", jobs, "--target", "flashrt-run", "flashrt-api-probe", timeout=900)
+    targets = ("flashrt-run", "flashrt-generate", "flashrt-api-probe")
+    build = run("cmake", "--build", BUILD, "-j", jobs, "--target", *targets, timeout=900)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    return {"run": BUILD / "flashrt-run", "probe": BUILD / "flashrt-api-probe"}
+    return {"run": BUILD / "flashrt-run", "generate": BUILD / "flashrt-generate", "probe": BUILD / "flashrt-api-probe"}
 
 
-@pytest.fixture(scope="session")
-def stateful_package(stateful_build: tuple[flashrt_build.BuildResult, Path]) -> Path:
-    """A baked package of tests/modules.Stateful (a step counter, a running mean), shared with test_verify."""
-    return stateful_build[0].output_dir
+@pytest.fixture(scope="session", params=["in_place", "threaded"])
+def stateful_package(
+    request: pytest.FixtureRequest,
+    stateful_build: tuple[flashrt_build.BuildResult, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """A baked package of tests/modules.Stateful (a step counter, a running mean): the one test_verify
+    shares, whose package writes its state in place, and one that threads it through each call."""
+    if request.param == "in_place":
+        return stateful_build[0].output_dir
+    out, conf = tmp_path_factory.mktemp("stateful_threaded") / "out", stateful_build[1]
+    overrides = ["+module=stateful", "serve.state=threaded", f"output_dir={out}", f"output_root={out.parent}"]
+    result = flashrt_build.build(compose(overrides, config_dir=conf))
+    assert result.manifest["state"]["mode"] == "threaded"
+    return result.output_dir
 
 
 def copy_package(source: Path, tmp_path: Path) -> Path:
@@ -389,12 +402,52 @@ def test_a_stateful_package_threads_its_state_call_after_call(
     torch.testing.assert_close(result["given.running_mean"], host.running_mean)
 
 
-def test_a_package_of_several_methods_is_refused_naming_them(
+def test_each_method_of_a_package_is_called_from_cpp_as_from_python(
     cpp_tools: dict[str, Path], lm_build: flashrt_build.BuildResult, tmp_path: Path
 ) -> None:
-    proc = run(cpp_tools["run"], lm_build.output_dir, "--inputs", tmp_path / "in.safetensors", "--out", tmp_path / "o")
-    assert proc.returncode == 1
-    assert "describes a package of 2 methods (decode, prefill); flashrt::Package serves single-method" in proc.stderr
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
+    token, position = torch.tensor([[7]]), torch.tensor([3])
+    with torch.no_grad():  # each from a fresh load: the cache as the build left it
+        prefill = flashrt_build.load(lm_build.output_dir).prefill(ids)
+        decode = flashrt_build.load(lm_build.output_dir).decode(token, position)
+    proc, out = cpp_run(cpp_tools, lm_build.output_dir, {"input_ids": ids}, tmp_path, "--method", "prefill")
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(out["output"], prefill)
+    assert "tiny_lm.prefill on cpu: 1 call, output [1, 9, 256] float32" in proc.stdout
+    inputs = {"input_ids": token, "position": position}
+    proc, out = cpp_run(cpp_tools, lm_build.output_dir, inputs, tmp_path, "--method", "decode")
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(out["output"], decode)
+    proc, out = cpp_run(cpp_tools, lm_build.output_dir, inputs, tmp_path, "--method", "decoder")
+    assert proc.returncode == 1 and "has no method 'decoder'; its methods: prefill, decode" in proc.stderr
+
+
+def test_flashrt_generate_gives_the_eager_modules_greedy_tokens(
+    cpp_tools: dict[str, Path], lm_build: flashrt_build.BuildResult
+) -> None:
+    from flashrt_build.config.spec import resolve_spec
+    from flashrt_build.stages.module import instantiate_module
+
+    prompt = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
+    eager = instantiate_module(resolve_spec(compose(["+module=tiny_lm"])))
+    with torch.no_grad():  # the greedy loop written out on the eager module
+        tokens = [eager(prompt)[:, -1].argmax(-1, keepdim=True)]
+        for step in range(39):
+            tokens.append(eager.decode(tokens[-1], torch.tensor([10 + step]))[:, -1].argmax(-1, keepdim=True))
+    expected = torch.cat(tokens, dim=1)[0].tolist()
+    ids = ",".join(map(str, prompt[0].tolist()))
+    # after a warm-up generation and a reset of the cache: the same tokens
+    proc = run(cpp_tools["generate"], lm_build.output_dir, "--prompt", ids, "--tokens", "40", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout)
+    assert said["tokens"] == expected and said["prompt_length"] == 10 and said["cuda_graphs"] is False
+    assert said["prefill_ms"] > 0 and said["decode_ms_per_token"] > 0 and said["tokens_per_s"] > 0
+    assert flashrt_build.generate(flashrt_build.load(lm_build.output_dir), prompt, 40).tokens[0].tolist() == expected
+    # a cache too short for what was asked: refused before any call, naming the limit
+    proc = run(cpp_tools["generate"], lm_build.output_dir, "--prompt", ids, "--tokens", "60")
+    assert proc.returncode == 1 and "positions up to 69; decode accepts position below 64" in proc.stderr
+    proc = run(cpp_tools["generate"], lm_build.output_dir, "--tokens", "4")
+    assert proc.returncode == 2 and "give one of --prompt and --random-prompt" in proc.stderr
 
 
 def test_values_outside_an_inputs_declared_range_are_refused_not_run(

@@ -189,13 +189,17 @@ def test_cuda_package_loads_on_an_explicit_index_and_matches_eager(cuda_build: f
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_cuda_package_refuses_another_architecture(cuda_build: flashrt_build.BuildResult, tmp_path: Path) -> None:
+def test_cuda_package_refuses_a_manifest_claiming_another_architecture(
+    cuda_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    """The architecture is in the package's own record: a manifest edited to
+    claim another is refused as edited (a real other GPU: the unit test above)."""
     copy = tmp_path / "copy"
     shutil.copytree(cuda_build.output_dir, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["toolchain"]["gpu"]["capability"] = "7.0"  # as if built on a V100
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="compiled for compute capability 7.0"):
+    with pytest.raises(ArtifactError, match=r'was edited after its build: gpu.capability is "7.0" in it, "9.0"'):
         flashrt_build.load(copy)
 
 

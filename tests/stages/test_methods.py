@@ -44,8 +44,9 @@ def test_the_lm_is_one_package_of_two_methods_over_one_weight_set(lm_build: flas
         "decode": ("decode", "decode", ["kv_cache"]),
     }
     tensors = manifest["weights"]["tensors"]
-    # both bind every weight, each under the prefix of its state-threading wrapper; the sidecar by the module's names
-    assert all(t["methods"] == {"prefill": f"module.{t['fqn']}", "decode": f"module.{t['fqn']}"} for t in tensors)
+    # both bind every weight by the module's own names, like the sidecar; the cache is state, not a weight
+    assert all(t["methods"] == {"prefill": t["fqn"], "decode": t["fqn"]} for t in tensors)
+    assert "kv_cache" not in {t["fqn"] for t in tensors}
     with safe_open(str(lm_build.output_dir / "weights.safetensors"), framework="pt") as sidecar:
         assert sorted(sidecar.keys()) == sorted(t["fqn"] for t in tensors)  # each tensor once
         data = sum(sidecar.get_tensor(k).nbytes for k in sidecar.keys())  # noqa: SIM118

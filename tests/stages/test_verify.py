@@ -47,14 +47,15 @@ def test_verification_runs_every_probe_in_a_fresh_process(mlp_build: flashrt_bui
         assert leaf["atol"] == 1e-4 and leaf["rtol"] == 1e-4
 
 
-def test_a_stateful_module_is_threaded_and_checked_step_by_step(
+def test_a_stateful_module_is_checked_step_by_step(
     stateful_build: tuple[flashrt_build.BuildResult, Path],
 ) -> None:
     result, conf = stateful_build
     m = result.manifest
     assert [t["fqn"] for t in m["state"]["tensors"]] == ["running_mean", "steps"]
+    assert m["state"]["mode"] == "in_place" and m["state"]["copied_bytes_per_call"] == 0  # the package writes them
     assert (result.output_dir / "state.safetensors").is_file()
-    assert {t["source"] for t in m["weights"]["tensors"]} == {"fc.weight", "fc.bias"}
+    assert {t.get("source", t["fqn"]) for t in m["weights"]["tensors"]} == {"fc.weight", "fc.bias"}
     assert [s["path"] for s in m["verification"]["state"]] == ["state.running_mean", "state.steps"]
     assert len(m["verification"]["probes"]) == 7  # 4 probes + 3 repeats, each after the one before
 

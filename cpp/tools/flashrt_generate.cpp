@@ -1,0 +1,211 @@
+// flashrt-generate: greedy generation from a package of a prefill and a decode
+// method over a static KV cache, the loop a serving process runs.
+//
+//   flashrt-generate DIR --prompt 1,2,3 --tokens 64 [--device cuda:0] [--cuda-graphs]
+//                    [--prefill NAME] [--decode NAME] [--position NAME] [--weights FILE] [--json]
+//
+// Prints the new tokens, then where the time went. Exit codes as flashrt-run's:
+// 0 done; 1 the package, its weights or the prompt were refused, or a call
+// failed; 2 the command line is wrong.
+#include <flashrt/package.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* kUsage =
+    "usage: flashrt-generate DIR (--prompt IDS | --random-prompt N) --tokens N [--device DEVICE] [--cuda-graphs] "
+    "[--prefill NAME] [--decode NAME] [--position NAME] [--weights FILE] [--seed S] [--warmup N] [--json]\n"
+    "  DIR              a flashrt_build output directory of a prefill and a decode method\n"
+    "  --prompt         the prompt's token ids, comma-separated (1,2,3)\n"
+    "  --random-prompt  a prompt of N token ids drawn below the prefill's declared high (seeded by --seed)\n"
+    "  --tokens         how many new tokens: one from the prefill, the rest one decode step each\n"
+    "  --prefill, --decode  the methods (default prefill, decode); --position: decode's position input\n"
+    "  --cuda-graphs    replay each step from a CUDA graph (default: the manifest's serve.cuda_graphs)\n"
+    "  --warmup         generate N times first, untimed (first calls, graph captures), resetting the state after each\n"
+    "  --json           print one JSON object (tokens, prefill_ms, decode_ms_per_token, tokens_per_s)\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "flashrt-generate: " << message << "\n" << kUsage;
+  std::exit(2);
+}
+
+struct Args {
+  std::string dir, weights, prefill = "prefill", decode = "decode", position = "position";
+  std::vector<int64_t> prompt;
+  long random_prompt = 0, tokens = 0, seed = 0, warmup = 0;
+  std::optional<std::string> device;
+  std::optional<bool> cuda_graphs;
+  bool json = false;
+};
+
+long positive(const std::string& option, const std::string& text, long least) {
+  char* end = nullptr;
+  const long n = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || n < least) {
+    usage_error(option + " takes an integer >= " + std::to_string(least) + ", not '" + text + "'");
+  }
+  return n;
+}
+
+Args parse(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--prompt") {
+      std::stringstream ids(value());
+      for (std::string id; std::getline(ids, id, ',');) args.prompt.push_back(positive("--prompt", id, 0));
+    } else if (arg == "--random-prompt") {
+      args.random_prompt = positive(arg, value(), 1);
+    } else if (arg == "--tokens") {
+      args.tokens = positive(arg, value(), 1);
+    } else if (arg == "--warmup") {
+      args.warmup = positive(arg, value(), 0);
+    } else if (arg == "--seed") {
+      args.seed = positive(arg, value(), 0);
+    } else if (arg == "--device") {
+      args.device = value();
+    } else if (arg == "--weights") {
+      args.weights = value();
+    } else if (arg == "--prefill") {
+      args.prefill = value();
+    } else if (arg == "--decode") {
+      args.decode = value();
+    } else if (arg == "--position") {
+      args.position = value();
+    } else if (arg == "--cuda-graphs") {
+      args.cuda_graphs = true;
+    } else if (arg == "--json") {
+      args.json = true;
+    } else if (!arg.empty() && arg[0] == '-') {
+      usage_error("unknown option " + arg);
+    } else if (args.dir.empty()) {
+      args.dir = arg;
+    } else {
+      usage_error("one package directory only; got " + args.dir + " and " + arg);
+    }
+  }
+  if (args.dir.empty()) usage_error("no package directory given");
+  if (args.prompt.empty() == (args.random_prompt == 0)) usage_error("give one of --prompt and --random-prompt");
+  if (args.tokens == 0) usage_error("--tokens is required");
+  return args;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The next token of each sequence: the argmax of the last position's logits, [batch, 1].
+at::Tensor next_token(const std::vector<at::Tensor>& outputs) { return outputs.at(0).select(1, -1).argmax(-1, true); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  try {
+    std::optional<c10::Device> device;
+    if (args.device) {
+      try {
+        device = c10::Device(*args.device);
+      } catch (const c10::Error&) {
+        usage_error("--device '" + *args.device + "' is not a device (cpu, cuda, cuda:1)");
+      }
+    }
+    const flashrt::Options options{device, args.cuda_graphs, {}};
+    flashrt::Package pkg = args.weights.empty()
+                               ? flashrt::Package::open(args.dir, options)
+                               : flashrt::Package::open(args.dir, options, std::filesystem::path(args.weights));
+    flashrt::Method& prefill = pkg.method(args.prefill);
+    flashrt::Method& decode = pkg.method(args.decode);
+    const flashrt::InputSpec& ids = prefill.inputs().at(0);
+    at::Tensor prompt;
+    if (args.random_prompt) {
+      at::manual_seed(args.seed);
+      prompt = at::randint(ids.low.value_or(0), ids.high.value_or(2), {1, args.random_prompt}, at::kLong);
+    } else {
+      prompt = at::tensor(args.prompt, at::kLong).unsqueeze(0);
+    }
+    prompt = prompt.to(pkg.device(), ids.dtype);
+    const int64_t length = prompt.size(1);
+    for (const auto& spec : decode.inputs()) {  // room in the cache for every position, before any call
+      if (spec.name == args.position && spec.high && length + args.tokens - 1 >= *spec.high) {
+        throw flashrt::Error(flashrt::Error::Kind::Input,
+                             "the prompt and the new tokens need positions up to " +
+                                 std::to_string(length + args.tokens - 1) + "; " + args.decode + " accepts " +
+                                 args.position + " below " + std::to_string(*spec.high));
+      }
+    }
+    const flashrt::InputSpec& token_spec = decode.inputs().at(0);
+    const std::string token_name = token_spec.name;
+
+    struct Run {
+      at::Tensor tokens;  // [1, n] on the host
+      double prefill_s, decode_s;
+    };
+    auto generate = [&]() -> Run {
+      auto start = std::chrono::steady_clock::now();
+      const std::vector<at::Tensor> first = prefill.run(flashrt::TensorMap{{ids.name, prompt}});
+      at::Tensor token = next_token(first).to(ids.dtype);
+      token.item();  // the first token is on the host: what a user waits for first
+      const double prefill_s = seconds_since(start);
+      // Every later token is an argmax over the logits: within decode's range when they are no wider.
+      const bool trusted = !token_spec.high || first.at(0).size(-1) <= *token_spec.high;
+      std::vector<at::Tensor> tokens{token};
+      start = std::chrono::steady_clock::now();
+      for (long step = 1; step < args.tokens; ++step) {
+        at::Tensor position = at::full({1}, length + step - 1, at::TensorOptions(at::kLong).device(pkg.device()));
+        // In range by construction (an argmax over the logits, a counted position): no wait for the device.
+        const flashrt::TensorMap step_inputs{{token_name, token}, {args.position, position}};
+        token = next_token(trusted ? decode.run_trusted(step_inputs) : decode.run(step_inputs)).to(ids.dtype);
+        tokens.push_back(token);
+      }
+      const at::Tensor generated = at::cat(tokens, 1).cpu();  // waits for the last step
+      return {generated, prefill_s, args.tokens > 1 ? seconds_since(start) : 0};
+    };
+    for (long i = 0; i < args.warmup; ++i) {
+      generate();
+      pkg.reset_state();  // the build's initial cache again, in place: captured graphs stay valid
+    }
+    const Run run = generate();
+    const at::Tensor& generated = run.tokens;
+    const double prefill_s = run.prefill_s, decode_s = run.decode_s;
+    const double per_token_ms = args.tokens > 1 ? 1e3 * decode_s / (args.tokens - 1) : 0;
+    const double tokens_per_s = args.tokens / (prefill_s + decode_s);
+
+    std::ostringstream ids_text;
+    for (int64_t i = 0; i < generated.size(1); ++i) ids_text << (i ? args.json ? "," : " " : "") << generated[0][i].item<int64_t>();
+    if (args.json) {
+      std::cout << "{\"tokens\": [" << ids_text.str() << "], \"prompt_length\": " << length
+                << ", \"prefill_ms\": " << 1e3 * prefill_s << ", \"decode_ms_per_token\": " << per_token_ms
+                << ", \"tokens_per_s\": " << tokens_per_s << ", \"cuda_graphs\": " << (pkg.cuda_graphs() ? "true" : "false")
+                << "}\n";
+    } else {
+      std::cout << ids_text.str() << "\n"
+                << pkg.name() << " on " << pkg.device() << (pkg.cuda_graphs() ? " (CUDA graphs)" : "") << ": prompt "
+                << length << ", " << args.tokens << " new tokens; prefill " << 1e3 * prefill_s << " ms, decode "
+                << per_token_ms << " ms/token, " << tokens_per_s << " tokens/s\n";
+    }
+    return 0;
+  } catch (const flashrt::Error& e) {
+    std::cerr << "flashrt-generate: error: " << e.what() << "\n";
+  } catch (const c10::Error& e) {
+    std::cerr << "flashrt-generate: a call failed: " << e.what_without_backtrace() << "\n";
+  }
+  return 1;
+}
