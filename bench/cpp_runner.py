@@ -86,8 +86,8 @@ def libcrypto() -> str | None:
     return min(paths) if paths else None
 
 
-def build_bench_tool() -> Path:
-    """flashrt-bench, configured against this interpreter's torch."""
+def build_bench_tool(target: str = "flashrt-bench") -> Path:
+    """flashrt-bench (or another of the library's tools), configured against this interpreter's torch."""
     configure = [
         "cmake", "-S", str(REPO / "cpp"), "-B", str(BUILD), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
         f"-DPython3_EXECUTABLE={sys.executable}", "-DCMAKE_BUILD_TYPE=Release", "-DFLASHRT_BUILD_BENCH=ON",
@@ -99,11 +99,11 @@ def build_bench_tool() -> Path:
             f"-DOPENSSL_INCLUDE_DIR={DEPS / 'openssl' / 'include'}",
             f"-DOPENSSL_CRYPTO_LIBRARY={libcrypto()}",
         ]
-    for command in (configure, ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", "flashrt-bench"]):
+    for command in (configure, ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", target]):
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode:
             sys.exit(f"{' '.join(command)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
-    return BUILD / "flashrt-bench"
+    return BUILD / target
 
 
 def sync(device: str) -> None:
