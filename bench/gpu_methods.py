@@ -16,9 +16,7 @@ methods work off the one copy.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import RESULTS, memory_used, publish, table  # noqa: E402
+from report import RESULTS, cli_build, memory_used, publish, table  # noqa: E402
 
 import flashrt_build  # noqa: E402
 from flashrt_build.config.compose import compose  # noqa: E402
@@ -53,13 +51,7 @@ def main() -> None:
         "module.methods.decode.inputs.input_ids.high=1000",
     ]
     with tempfile.TemporaryDirectory() as root:
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "flashrt_build", *overrides, f"output_root={root}"], cwd=REPO)
-        if done.returncode:
-            raise SystemExit(f"the build failed ({done.returncode})")
-        build_s = time.perf_counter() - start
-        out = next(p.parent for p in Path(root).rglob("manifest.json") if ".store" not in p.parts)
-        manifest = json.loads((out / "manifest.json").read_text())
+        out, manifest, build_s = cli_build(overrides, root)
         weights = sum(math.prod(t["shape"]) * ITEMSIZE[t["dtype"]] for t in manifest["weights"]["tensors"])
         rows = []
         length = manifest["methods"]["prefill"]["inputs"][0]["shape"][1]  # the example prompt

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
 
 
 def alternate(variants: Mapping[str, Callable[[], float]], rounds: int, rotate: bool = True) -> dict[str, list[float]]:
@@ -38,6 +39,22 @@ def publish(out: Path, title: str, command: str, text: str) -> None:
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# {title}\n\nCommand: `{command}`\n\n{text}")
+
+
+def cli_build(overrides: Sequence[str], root: str | Path) -> tuple[Path, dict, float]:
+    """Build through the real CLI into `root`: (output directory, manifest, seconds)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "flashrt_build", *overrides, f"output_root={root}"], cwd=REPO)
+    if done.returncode:
+        raise SystemExit(f"the build failed ({done.returncode})")
+    seconds = time.perf_counter() - start
+    out = next(p.parent for p in Path(root).rglob("manifest.json") if ".store" not in p.parts)
+    return out, json.loads((out / "manifest.json").read_text()), seconds
 
 
 def memory_used(device: str) -> int:

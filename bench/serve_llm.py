@@ -41,7 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import RESULTS, alternate, publish, table  # noqa: E402
+from report import RESULTS, alternate, cli_build, publish, table  # noqa: E402
 
 import flashrt_build  # noqa: E402
 from flashrt_build.config.compose import compose  # noqa: E402
@@ -82,13 +82,7 @@ def main() -> None:
     # flashrt-generate builds beside the package (CMake and the compile each take minutes on a GPU machine)
     tool = None if args.no_cpp else ThreadPoolExecutor(1).submit(cpp_generate_tool)
     with tempfile.TemporaryDirectory() as root:
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "flashrt_build", *overrides, f"output_root={root}"], cwd=REPO)
-        if done.returncode:
-            raise SystemExit(f"the build failed ({done.returncode})")
-        build_s = time.perf_counter() - start
-        out = next(p.parent for p in Path(root).rglob("manifest.json") if ".store" not in p.parts)
-        manifest = json.loads((out / "manifest.json").read_text())
+        out, manifest, build_s = cli_build(overrides, root)
         cpp = None if tool is None else tool.result()
         results = measure(args, out, manifest, overrides, device, cpp)
     results["build_s"] = build_s

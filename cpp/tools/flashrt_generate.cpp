@@ -9,6 +9,8 @@
 // failed; 2 the command line is wrong.
 #include <flashrt/package.h>
 
+#include "command_line.h"
+
 #include <ATen/ATen.h>
 
 #include <chrono>
@@ -33,77 +35,48 @@ const char* kUsage =
     "  --warmup         generate N times first, untimed (first calls, graph captures), resetting the state after each\n"
     "  --json           print one JSON object (tokens, prefill_ms, decode_ms_per_token, tokens_per_s)\n";
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::cerr << "flashrt-generate: " << message << "\n" << kUsage;
-  std::exit(2);
-}
+const flashrt::tools::Tool kTool{"flashrt-generate", kUsage};
 
 struct Args {
-  std::string dir, weights, prefill = "prefill", decode = "decode", position = "position";
+  flashrt::tools::PackageArgs package;
+  std::string prefill = "prefill", decode = "decode", position = "position";
   std::vector<int64_t> prompt;
   long random_prompt = 0, tokens = 0, seed = 0, warmup = 0;
-  std::optional<std::string> device;
-  std::optional<bool> cuda_graphs;
   bool json = false;
 };
 
-long positive(const std::string& option, const std::string& text, long least) {
-  char* end = nullptr;
-  const long n = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || n < least) {
-    usage_error(option + " takes an integer >= " + std::to_string(least) + ", not '" + text + "'");
-  }
-  return n;
-}
-
 Args parse(int argc, char** argv) {
+  using flashrt::tools::integer;
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
+  args.package = flashrt::tools::parse(argc, argv, kTool, [&](const std::string& arg, const auto& value) {
     if (arg == "--prompt") {
       std::stringstream ids(value());
-      for (std::string id; std::getline(ids, id, ',');) args.prompt.push_back(positive("--prompt", id, 0));
+      for (std::string id; std::getline(ids, id, ',');) args.prompt.push_back(integer(kTool, arg, id, 0));
     } else if (arg == "--random-prompt") {
-      args.random_prompt = positive(arg, value(), 1);
+      args.random_prompt = integer(kTool, arg, value(), 1);
     } else if (arg == "--tokens") {
-      args.tokens = positive(arg, value(), 1);
+      args.tokens = integer(kTool, arg, value(), 1);
     } else if (arg == "--warmup") {
-      args.warmup = positive(arg, value(), 0);
+      args.warmup = integer(kTool, arg, value(), 0);
     } else if (arg == "--seed") {
-      args.seed = positive(arg, value(), 0);
-    } else if (arg == "--device") {
-      args.device = value();
-    } else if (arg == "--weights") {
-      args.weights = value();
+      args.seed = integer(kTool, arg, value(), 0);
     } else if (arg == "--prefill") {
       args.prefill = value();
     } else if (arg == "--decode") {
       args.decode = value();
     } else if (arg == "--position") {
       args.position = value();
-    } else if (arg == "--cuda-graphs") {
-      args.cuda_graphs = true;
     } else if (arg == "--json") {
       args.json = true;
-    } else if (!arg.empty() && arg[0] == '-') {
-      usage_error("unknown option " + arg);
-    } else if (args.dir.empty()) {
-      args.dir = arg;
     } else {
-      usage_error("one package directory only; got " + args.dir + " and " + arg);
+      return false;
     }
+    return true;
+  });
+  if (args.prompt.empty() == (args.random_prompt == 0)) {
+    flashrt::tools::usage_error(kTool, "give one of --prompt and --random-prompt");
   }
-  if (args.dir.empty()) usage_error("no package directory given");
-  if (args.prompt.empty() == (args.random_prompt == 0)) usage_error("give one of --prompt and --random-prompt");
-  if (args.tokens == 0) usage_error("--tokens is required");
+  if (args.tokens == 0) flashrt::tools::usage_error(kTool, "--tokens is required");
   return args;
 }
 
@@ -118,19 +91,8 @@ at::Tensor next_token(const std::vector<at::Tensor>& outputs) { return outputs.a
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
-  try {
-    std::optional<c10::Device> device;
-    if (args.device) {
-      try {
-        device = c10::Device(*args.device);
-      } catch (const c10::Error&) {
-        usage_error("--device '" + *args.device + "' is not a device (cpu, cuda, cuda:1)");
-      }
-    }
-    const flashrt::Options options{device, args.cuda_graphs, {}};
-    flashrt::Package pkg = args.weights.empty()
-                               ? flashrt::Package::open(args.dir, options)
-                               : flashrt::Package::open(args.dir, options, std::filesystem::path(args.weights));
+  return flashrt::tools::run(kTool, [&] {
+    flashrt::Package pkg = flashrt::tools::open_package(kTool, args.package);
     flashrt::Method& prefill = pkg.method(args.prefill);
     flashrt::Method& decode = pkg.method(args.decode);
     const flashrt::InputSpec& ids = prefill.inputs().at(0);
@@ -202,10 +164,5 @@ int main(int argc, char** argv) {
                 << per_token_ms << " ms/token, " << tokens_per_s << " tokens/s\n";
     }
     return 0;
-  } catch (const flashrt::Error& e) {
-    std::cerr << "flashrt-generate: error: " << e.what() << "\n";
-  } catch (const c10::Error& e) {
-    std::cerr << "flashrt-generate: a call failed: " << e.what_without_backtrace() << "\n";
-  }
-  return 1;
+  });
 }

@@ -8,6 +8,8 @@
 // 2 the command line is wrong.
 #include <flashrt/package.h>
 
+#include "command_line.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdlib>
@@ -29,58 +31,32 @@ const char* kUsage =
     "  --calls    call N times (a stateful module advances its state); the last outputs are written\n"
     "  --cuda-graphs  replay each call from a CUDA graph (CUDA packages; default: the manifest's serve.cuda_graphs)\n";
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::cerr << "flashrt-run: " << message << "\n" << kUsage;
-  std::exit(2);
-}
+const flashrt::tools::Tool kTool{"flashrt-run", kUsage};
 
 struct Args {
-  std::string dir, inputs, out, weights, method;
-  std::optional<std::string> device;
-  std::optional<bool> cuda_graphs;
+  flashrt::tools::PackageArgs package;
+  std::string inputs, out, method;
   long calls = 1;
 };
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
+  args.package = flashrt::tools::parse(argc, argv, kTool, [&](const std::string& arg, const auto& value) {
     if (arg == "--inputs") {
       args.inputs = value();
     } else if (arg == "--out") {
       args.out = value();
-    } else if (arg == "--device") {
-      args.device = value();
-    } else if (arg == "--weights") {
-      args.weights = value();
     } else if (arg == "--method") {
       args.method = value();
-    } else if (arg == "--cuda-graphs") {
-      args.cuda_graphs = true;
     } else if (arg == "--calls") {
-      const std::string n = value();
-      char* end = nullptr;
-      args.calls = std::strtol(n.c_str(), &end, 10);
-      if (*end != '\0' || args.calls < 1) usage_error("--calls takes a positive integer, not '" + n + "'");
-    } else if (!arg.empty() && arg[0] == '-') {
-      usage_error("unknown option " + arg);
-    } else if (args.dir.empty()) {
-      args.dir = arg;
+      args.calls = flashrt::tools::integer(kTool, arg, value(), 1);
     } else {
-      usage_error("one package directory only; got " + args.dir + " and " + arg);
+      return false;
     }
-  }
-  if (args.dir.empty()) usage_error("no package directory given");
-  if (args.inputs.empty()) usage_error("--inputs is required");
-  if (args.out.empty()) usage_error("--out is required");
+    return true;
+  });
+  if (args.inputs.empty()) flashrt::tools::usage_error(kTool, "--inputs is required");
+  if (args.out.empty()) flashrt::tools::usage_error(kTool, "--out is required");
   return args;
 }
 
@@ -88,19 +64,8 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
-  try {
-    std::optional<c10::Device> device;
-    if (args.device) {
-      try {
-        device = c10::Device(*args.device);
-      } catch (const c10::Error&) {
-        usage_error("--device '" + *args.device + "' is not a device (cpu, cuda, cuda:1)");
-      }
-    }
-    const flashrt::Options options{device, args.cuda_graphs, {}};
-    flashrt::Package pkg = args.weights.empty()
-                               ? flashrt::Package::open(args.dir, options)
-                               : flashrt::Package::open(args.dir, options, std::filesystem::path(args.weights));
+  return flashrt::tools::run(kTool, [&] {
+    flashrt::Package pkg = flashrt::tools::open_package(kTool, args.package);
     flashrt::Method& method = pkg.method(args.method.empty() ? pkg.default_method() : args.method);
     flashrt::TensorMap inputs;
     for (auto& [name, tensor] : flashrt::SafetensorsFile(args.inputs).tensors()) {
@@ -120,10 +85,5 @@ int main(int argc, char** argv) {
     }
     std::cout << " -> " << args.out << "\n";
     return 0;
-  } catch (const flashrt::Error& e) {
-    std::cerr << "flashrt-run: error: " << e.what() << "\n";
-  } catch (const c10::Error& e) {
-    std::cerr << "flashrt-run: the call failed: " << e.what_without_backtrace() << "\n";
-  }
-  return 1;
+  });
 }
