@@ -1,5 +1,6 @@
 """sha256 of an artifact's files, whole and in 32 MiB chunks that a load
-checks on every core, and of JSON values (keys, configs). No torch."""
+checks on every core, and of JSON values (keys, configs); a listed file
+refused once altered. No torch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from ..errors import ArtifactError
 
 # A file's record also holds the sha256 of each slice of this many bytes: one
 # sha256 runs at about 1 GB/s on one core, slower than a disk reads, and the
@@ -86,3 +89,17 @@ def canonical_sha256(value: Any) -> str:
 
 def config_sha256(config: Any) -> str:
     return canonical_sha256(config)
+
+
+def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
+    """The path of a file the manifest lists, once its sha256 matches."""
+    path = output_dir / section["file"]
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing")
+    digest = altered_digest(path, section)
+    if digest is not None:
+        raise ArtifactError(
+            f"{path} ({what}) was altered after its build: sha256 {digest} differs from the manifest's "
+            f"{section['sha256']}; refusing to load it"
+        )
+    return path

@@ -10,7 +10,6 @@ GPU may replay CUDA graphs (`graphs.py`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import re
 import sys
@@ -22,14 +21,12 @@ from typing import Any
 import torch
 
 from ..artifact import MANIFEST, SINGLE_MODEL, default_method, tf32_policy
-from ..errors import ArtifactError
-from .binding import WeightsArg, bind, state_to_bind, weights_to_bind
+from .binding import WeightsArg, bind, initial_state, lazy_sidecar, state_to_bind, weights_to_bind
 from .call import PackageMethod
-from .checkpoint import read_checkpoint
 from .contract import check_contract
 from .gpu import check_gpu_arch, gpu_of
 from .graphs import GraphCache
-from .hashing import altered_digest
+from .hashing import check_file
 from .manifest import manifest_methods, read_manifest, state_mode
 
 DEFAULT_MAX_GRAPHS = 8
@@ -137,7 +134,8 @@ class LoadedModule(torch.nn.Module):
         """Bind other weights (a checkpoint path or a mapping), checked like
         `load`'s. Every method's captured CUDA graphs are dropped: they hold
         the addresses of the tensors bound before."""
-        bound = weights_to_bind(self.manifest, weights, None, None, self._device)
+        sidecar = lazy_sidecar(self.output_dir, self.manifest)  # the forward's constants a checkpoint lacks
+        bound = weights_to_bind(self.manifest, weights, None, sidecar, self._device)
         with self._lock:
             bind(self.runners, self.manifest, bound, self.state)
             object.__setattr__(self, "bound_weights", bound)
@@ -150,7 +148,7 @@ class LoadedModule(torch.nn.Module):
         section = self.manifest.get("state")
         if not section:
             return
-        initial = read_checkpoint(check_file(self.output_dir, section, "the state"), self._device)
+        initial = initial_state(self.output_dir, self.manifest, self._device)
         with self._lock, torch.no_grad():
             for name, tensor in self.state.items():
                 tensor.copy_(initial[name])
@@ -163,20 +161,6 @@ def attribute_names() -> frozenset[str]:
     probe = object.__new__(LoadedModule)
     torch.nn.Module.__init__(probe)
     return frozenset(dir(LoadedModule)) | frozenset(vars(probe)) | frozenset(LoadedModule.__annotations__)
-
-
-def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
-    """The path of a file the manifest lists, once its sha256 matches."""
-    path = output_dir / section["file"]
-    if not path.is_file():
-        raise ArtifactError(f"{path} is missing")
-    digest = altered_digest(path, section)
-    if digest is not None:
-        raise ArtifactError(
-            f"{path} ({what}) was altered after its build: sha256 {digest} differs from the manifest's "
-            f"{section['sha256']}; refusing to load it"
-        )
-    return path
 
 
 def open_package(
@@ -192,14 +176,9 @@ def open_package(
     check_contract(package, manifest, output_dir / MANIFEST)
     device = torch.device(device if device is not None else manifest["target"]["device"])
     check_gpu_arch(manifest["toolchain"].get("gpu"), device, gpu_of(str(device)))
-    # Checked when read: bound to a host's or the caller's tensors, a 2 GB sidecar
-    # is never hashed (1.7 s of a 1.8 s load on the H200).
-    external = manifest["weights"]["mode"] == "external"
-    sidecar = functools.partial(check_file, output_dir, manifest["weights"], "the weights") if external else None
-    bound = weights_to_bind(manifest, weights, host, sidecar, device)
-    state_file = functools.partial(check_file, output_dir, manifest.get("state") or {}, "the state")
+    bound = weights_to_bind(manifest, weights, host, lazy_sidecar(output_dir, manifest), device)
     mapping = weights if isinstance(weights, Mapping) else None
-    state = state_to_bind(lambda: read_checkpoint(state_file(), device), manifest, mapping, host, device)
+    state = state_to_bind(lambda: initial_state(output_dir, manifest, device), manifest, mapping, host, device)
     index = device.index if device.type == "cuda" and device.index is not None else -1
     runners = {}
     for entry in manifest_methods(manifest).values():
@@ -291,4 +270,4 @@ def load(
     manifest = read_manifest(output_dir)
     target = torch.device(device if device is not None else manifest["target"]["device"])
     graphs = graph_options(manifest, target, cuda_graphs, max_graphs, copy_outputs)
-    return open_package(output_dir, manifest, weights, device, host, graphs)
+    return open_package(output_dir, manifest, weights, target, host, graphs)

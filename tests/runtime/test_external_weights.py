@@ -99,6 +99,21 @@ def test_a_different_checkpoint_matches_eager_with_that_checkpoint(
         assert not torch.allclose(default(x), reference(x))
 
 
+def test_binding_a_checkpoint_after_load_fills_in_the_forwards_constants_like_load(
+    mlp_external_build: flashrt_build.BuildResult, mlp_checkpoint: Path
+) -> None:
+    """A checkpoint holds no constant of the forward's code: bind() takes the
+    build's value from the sidecar, as load() does, and keeps it bound and alive."""
+    reference = eager("+module=mlp", f"module.checkpoint={mlp_checkpoint}")
+    model = flashrt_build.load(mlp_external_build.output_dir)
+    model.bind(reference.state_dict())
+    fqns = {t["fqn"] for t in mlp_external_build.manifest["weights"]["tensors"]}
+    assert set(model.bound_weights) == fqns and not fqns <= set(reference.state_dict())
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x))
+
+
 def test_bound_tensors_are_the_callers_tensors(mlp_external_build: flashrt_build.BuildResult) -> None:
     state = {k: v.clone() for k, v in eager("+module=mlp").state_dict().items()}
     model = flashrt_build.load(mlp_external_build.output_dir, weights=state)
