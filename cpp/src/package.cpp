@@ -185,7 +185,6 @@ struct Package::Impl {
   std::vector<std::unique_ptr<Method>> methods;  // in the manifest's order
   std::vector<std::string> method_names;
   Method* default_method = nullptr;
-  std::string state_mode;
   TensorMap weights;  // what is bound, kept alive for the package
   std::shared_ptr<SafetensorsFile> sidecar;  // read (and its digest checked) when first needed
   OpenStats stats;
@@ -395,7 +394,6 @@ std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& 
   p.shared.manifest = detail::read_manifest(dir);
   const Manifest& m = p.shared.manifest;
   p.shared.device = resolve_device(m, options.device);
-  p.state_mode = m.state.empty() ? "" : (m.state_in_place ? "in_place" : "threaded");
   const bool graphs = options.cuda_graphs.value_or(m.cuda_graphs);
   if (graphs && !p.shared.device.is_cuda()) {
     if (options.cuda_graphs) {
@@ -529,7 +527,11 @@ const std::filesystem::path& Package::dir() const { return impl_->shared.dir; }
 c10::Device Package::device() const { return impl_->shared.device; }
 bool Package::external() const { return impl_->shared.manifest.external; }
 bool Package::cuda_graphs() const { return impl_->shared.graphs; }
-const std::string& Package::state_mode() const { return impl_->state_mode; }
+const std::string& Package::state_mode() const {
+  static const std::string none, in_place = "in_place", threaded = "threaded";
+  const Manifest& m = impl_->shared.manifest;
+  return m.state.empty() ? none : m.state_in_place ? in_place : threaded;
+}
 const TensorMap& Package::weights() const { return impl_->weights; }
 const TensorMap& Package::state() const { return impl_->shared.state; }
 const OpenStats& Package::open_stats() const { return impl_->stats; }

@@ -64,12 +64,11 @@ def generate(
     with torch.no_grad():
         start = time.perf_counter()
         logits = _logits(run_prefill(prompt))
-        prefill_width = logits.shape[-1]
-        token = logits[:, -1].argmax(-1, keepdim=True).to(prompt.dtype)
+        token = _next(logits, prompt.dtype)
         wait()
         prefill_s, start = time.perf_counter() - start, time.perf_counter()
         tokens = [token]
-        step_call = _trusted(run_decode, model, decode, prefill_width)
+        step_call = _trusted(run_decode, model, decode, logits.shape[-1])
         done = token.eq(eos) if eos is not None else None
         for step in range(1, max_new_tokens):
             if done is not None and bool(done.all()):
@@ -108,17 +107,21 @@ def _trusted(run_decode: Any, model: Any, decode: str, width: int) -> Any:
     up front, by `_check_room`."""
     if not hasattr(run_decode, "run_trusted"):
         return run_decode
-    methods = getattr(model, "manifest", {}).get("methods") or {}
-    token = ((methods.get(decode) or {}).get("inputs") or [{}])[0]
+    token = (_declared_inputs(model, decode) or [{}])[0]
     if token.get("high") is not None and width > token["high"]:
         return run_decode
     return run_decode.run_trusted
 
 
+def _declared_inputs(model: Any, method: str) -> list[dict[str, Any]]:
+    """A loaded package's manifest entries of `method`'s inputs (none for another module)."""
+    methods = getattr(model, "manifest", {}).get("methods") or {}
+    return (methods.get(method) or {}).get("inputs") or []
+
+
 def _check_room(model: Any, decode: str, position: str, last: int) -> None:
     """A position the decode method does not accept is an error before any call, not after half the tokens."""
-    methods = getattr(model, "manifest", {}).get("methods") or {}
-    spec = next((i for i in (methods.get(decode) or {}).get("inputs", []) if i["name"] == position), None)
+    spec = next((i for i in _declared_inputs(model, decode) if i["name"] == position), None)
     if spec is not None and spec.get("high") is not None and last >= spec["high"]:
         raise ValueError(
             f"the prompt and the new tokens need positions up to {last}; the package's {decode} accepts "
