@@ -14,7 +14,7 @@ from typing import Any
 from ..artifact import PACKAGE
 from ..config.schema import WeightsMode
 from ..runtime.hashing import canonical_sha256
-from ..stages.compile import IN_PLACE_STATE_OPTIONS, compile_package
+from ..stages.compile import compile_package, method_options
 from ..stages.export import Exported
 from ..stages.package import combine_packages
 from ..stages.progress import StageTimer
@@ -54,9 +54,8 @@ def compile_methods(
             else:
                 label = f"compile {name}" if spec.multi_method else "compile"
                 target = f"{spec.target} method {name}" if spec.multi_method else spec.target
-                own = {**options, **IN_PLACE_STATE_OPTIONS} if e.state and not e.threaded else options
                 with timer.stage(label):
-                    compile_package(e.program, own, part, target, cache)
+                    compile_package(e.program, {**options, **method_options(e)}, part, target, cache)
                 if spec.multi_method:
                     store.put("methods", key, [part])
             parts[name] = part

@@ -100,6 +100,7 @@ class MethodEntry(TypedDict, total=False):
     outputs: list[dict[str, Any]]
     kwargs: dict[str, Any]
     state: list[str]
+    inductor_options: dict[str, Any]
     compiled: str
     method_key: str
 

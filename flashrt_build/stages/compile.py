@@ -17,6 +17,7 @@ import torch
 
 from ..config.schema import WeightsMode
 from ..errors import BuildError, CompileError, first_lines
+from .export import Exported
 
 # Options flashrt_build sets itself, whatever the profile says.
 FORCED_OPTIONS: dict[str, Any] = {
@@ -31,10 +32,15 @@ def mode_options(weights: WeightsMode) -> dict[str, Any]:
     return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
 
 
-# A program that writes its state in place reads it as a constant, and
-# Inductor folds constants of one value into literals: a step counter's
-# `steps + 1` became `1.0` on every call. Such programs compile without it.
-IN_PLACE_STATE_OPTIONS: dict[str, Any] = {"joint_graph_constant_folding": False}
+def method_options(exported: Exported) -> dict[str, Any]:
+    """Options one method's compile sets beyond the profile's (the manifest's
+    `methods.*.inductor_options`). A program that writes its state in place
+    reads it as a constant, and Inductor folds constants of one value into
+    literals: a step counter's `steps + 1` became `1.0` on every call. Such
+    programs compile without that folding."""
+    if exported.state and not exported.threaded:
+        return {"joint_graph_constant_folding": False}
+    return {}
 
 
 def compile_package(

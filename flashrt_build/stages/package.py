@@ -24,6 +24,7 @@ from ..errors import CompileError
 from ..runtime.contract import CONTRACT_MEMBER, load_contract, read_contract
 from ..runtime.dtypes import dtype_name
 from ..runtime.hashing import file_record
+from .compile import method_options
 from .export import Exported, output_specs
 from .progress import Stage
 from .weights import match_package_tensors, tensor_sha256, union_of_methods, write_sidecar
@@ -83,6 +84,7 @@ def package_stage(
                 "outputs": output_specs(e),
                 "kwargs": dict(e.method.kwargs),
                 "state": e.state,
+                "inductor_options": method_options(e),
                 "compiled": "reused" if compiled[e.method.name] else "built",
                 **({"method_key": method_keys[e.method.name]} if spec.multi_method else {}),
             }

@@ -97,6 +97,8 @@ def test_in_place_state_is_bound_to_the_package_and_never_copied(lm_build: flash
     state = lm_build.manifest["state"]
     assert state["mode"] == "in_place" and state["copied_bytes_per_call"] == 0
     assert state["state_bytes"] == eager_lm().kv_cache.nbytes
+    for entry in lm_build.manifest["methods"].values():  # compiled without folding the state into constants
+        assert entry["inductor_options"] == {"joint_graph_constant_folding": False}
     lm = flashrt_build.load(lm_build.output_dir)
     for method in ("prefill", "decode"):
         assert "kv_cache" in lm.constant_fqns(method)  # bound like a weight: the compiled code writes it
@@ -121,6 +123,7 @@ def test_threaded_state_is_passed_through_and_its_copy_is_recorded(
 ) -> None:
     state = lm_threaded_build.manifest["state"]
     assert state["mode"] == "threaded" and state["copied_bytes_per_call"] == 2 * state["state_bytes"]
+    assert all(entry["inductor_options"] == {} for entry in lm_threaded_build.manifest["methods"].values())
     lm = flashrt_build.load(lm_threaded_build.output_dir)
     assert STATE_KWARG in call_spec_kwargs(lm, "decode") and "kv_cache" not in lm.constant_fqns("decode")
     counter = CopyCounter()
