@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from greedy import eager_greedy
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
@@ -430,11 +431,7 @@ def test_flashrt_generate_gives_the_eager_modules_greedy_tokens(
 
     prompt = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
     eager = instantiate_module(resolve_spec(compose(["+module=tiny_lm"])))
-    with torch.no_grad():  # the greedy loop written out on the eager module
-        tokens = [eager(prompt)[:, -1].argmax(-1, keepdim=True)]
-        for step in range(39):
-            tokens.append(eager.decode(tokens[-1], torch.tensor([10 + step]))[:, -1].argmax(-1, keepdim=True))
-    expected = torch.cat(tokens, dim=1)[0].tolist()
+    expected = eager_greedy(eager, prompt, 40)[0].tolist()
     ids = ",".join(map(str, prompt[0].tolist()))
     # after a warm-up generation and a reset of the cache: the same tokens
     proc = run(cpp_tools["generate"], lm_build.output_dir, "--prompt", ids, "--tokens", "40", "--warmup", "1", "--json")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from greedy import eager_greedy
 from torch.overrides import TorchFunctionMode
 
 import flashrt_build
@@ -47,17 +48,6 @@ def eager_lm() -> torch.nn.Module:
 
 def prompt(length: int = 10, seed: int = 3) -> torch.Tensor:
     return torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(seed))
-
-
-def eager_greedy(module: torch.nn.Module, ids: torch.Tensor, new: int) -> torch.Tensor:
-    """Greedy generation written out by hand on the eager module: the reference."""
-    with torch.no_grad():
-        token = module(ids)[:, -1].argmax(-1, keepdim=True)
-        tokens = [token]
-        for step in range(new - 1):
-            token = module.decode(token, torch.tensor([ids.shape[1] + step]))[:, -1].argmax(-1, keepdim=True)
-            tokens.append(token)
-    return torch.cat(tokens, dim=1)
 
 
 class CopyCounter(TorchFunctionMode):

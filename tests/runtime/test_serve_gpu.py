@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from greedy import eager_greedy
 
 import flashrt_build
 from flashrt_build.config.compose import compose
@@ -41,14 +42,9 @@ def prompt(length: int = 12) -> torch.Tensor:
     return torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)).cuda()
 
 
-def eager_greedy(new: int, ids: torch.Tensor, dtype: str) -> torch.Tensor:
+def eager_tokens(new: int, ids: torch.Tensor, dtype: str) -> torch.Tensor:
     module = instantiate_module(resolve_spec(compose([*LM, f"target.dtype={dtype}"])))  # as the build made it
-    with torch.no_grad():
-        tokens = [module(ids)[:, -1].argmax(-1, keepdim=True)]
-        for step in range(new - 1):
-            logits = module.decode(tokens[-1], torch.tensor([ids.shape[1] + step], device="cuda"))
-            tokens.append(logits[:, -1].argmax(-1, keepdim=True))
-    return torch.cat(tokens, dim=1)
+    return eager_greedy(module, ids, new)
 
 
 def test_the_build_verifies_its_methods_replayed_from_graphs(lm_cuda: flashrt_build.BuildResult) -> None:
@@ -66,7 +62,7 @@ def test_generation_from_graphs_equals_plain_calls_and_eager(lm_cuda: flashrt_bu
     assert replayed.cuda_graphs and not plain.cuda_graphs
     tokens = flashrt_build.generate(replayed, prompt(), 64).tokens
     assert torch.equal(tokens, flashrt_build.generate(plain, prompt(), 64).tokens)
-    assert torch.equal(tokens, eager_greedy(64, prompt(), "float32"))
+    assert torch.equal(tokens, eager_tokens(64, prompt(), "float32"))
     assert len(replayed.methods["decode"].graphs.graphs) == 1
     replayed.reset_state()  # a second prompt of that length: prefill is captured too
     assert torch.equal(flashrt_build.generate(replayed, prompt(), 64).tokens, tokens)
@@ -80,7 +76,7 @@ def test_threaded_state_replays_too(lm_cuda_threaded: flashrt_build.BuildResult)
     assert torch.equal(
         tokens, flashrt_build.generate(flashrt_build.load(lm.output_dir, cuda_graphs=False), prompt(), 32).tokens
     )
-    assert torch.equal(tokens, eager_greedy(32, prompt(), "bfloat16"))  # no near-tie in these 32
+    assert torch.equal(tokens, eager_tokens(32, prompt(), "bfloat16"))  # no near-tie in these 32
     assert len(lm.methods["decode"].graphs.graphs) == 1
 
 
