@@ -77,7 +77,7 @@ def variant_of(overrides: list[str]) -> str | None:
 
 def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
-    from .errors import FlashrtError, UnexpectedError, log_failure
+    from .errors import FlashrtError, UnexpectedError, interrupted_instead, log_failure
 
     if cfg.get("variant") is None and HydraConfig.initialized():
         with open_dict(cfg):
@@ -99,9 +99,11 @@ def run_job(cfg: DictConfig) -> int:
         build_plan(plan, reuse_checked=True)
         return 0
     except FlashrtError as exc:
+        interrupted_instead(exc)
         log_failure(log, exc)
         return exc.exit_code
     except Exception as exc:  # not raised on purpose: a failed build all the same, said in one line
+        interrupted_instead(exc)
         log_failure(log, UnexpectedError(exc))
         return 1
 

@@ -6,12 +6,13 @@ the CLI can print it as one line without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class FlashrtError(Exception):
@@ -127,6 +128,11 @@ class Interrupted(BaseException):
         return f"interrupted by {name}: nothing was published; an earlier artifact at the output directory is as it was"
 
 
+_received: list[int] = []  # the signal that stopped this command, once one has
+_raised: list[bool] = []  # its `Interrupted` is on its way up
+_deferring: list[bool] = []  # inside `cleanup_uninterrupted`: hold the signal until it ends
+
+
 def stop_on_signals() -> None:
     """Turn the first SIGINT or SIGTERM into `Interrupted`; ignore later ones
     while the command cleans up."""
@@ -134,10 +140,38 @@ def stop_on_signals() -> None:
     def interrupt(signum: int, frame: object) -> None:
         for other in (signal.SIGINT, signal.SIGTERM):
             signal.signal(other, signal.SIG_IGN)
-        raise Interrupted(signum)
+        _received.append(signum)
+        if not _deferring:
+            _raised.append(True)
+            raise Interrupted(signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, interrupt)
+
+
+def interrupted_instead(exc: BaseException) -> None:
+    """Raise `Interrupted` in place of `exc` when a signal came first.
+
+    Ctrl-C reaches the whole process group: a compiler or worker process can
+    die of it and surface as an ordinary error before (or instead of) the
+    signal's own `Interrupted`; the user interrupted the build all the same."""
+    if _received and not isinstance(exc, Interrupted):
+        raise Interrupted(_received[0]) from exc
+
+
+@contextlib.contextmanager
+def cleanup_uninterrupted() -> Iterator[None]:
+    """Run a cleanup to its end even if a signal arrives during it (a
+    half-removed staging directory is what the cleanup exists to prevent);
+    the signal is raised as `Interrupted` once it is done."""
+    _deferring.append(True)
+    try:
+        yield
+    finally:
+        _deferring.pop()
+    if _received and not _raised and not _deferring:
+        _raised.append(True)
+        raise Interrupted(_received[0])
 
 
 def log_failure(log: logging.Logger, exc: BaseException) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..artifact import foreign_entries
 from ..config.paths import check_writable
-from ..errors import ConfigError
+from ..errors import ConfigError, cleanup_uninterrupted
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ def staging_dir(output_dir: Path) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        with cleanup_uninterrupted():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def publish(staging: Path, output_dir: Path) -> None:

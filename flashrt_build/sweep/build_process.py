@@ -16,7 +16,15 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..errors import FlashrtError, Interrupted, UnexpectedError, log_failure, quiet_known_warnings, stop_on_signals
+from ..errors import (
+    FlashrtError,
+    Interrupted,
+    UnexpectedError,
+    interrupted_instead,
+    log_failure,
+    quiet_known_warnings,
+    stop_on_signals,
+)
 from .job import BUILD_CONFIG, BUILD_RESULT, failure
 
 log = logging.getLogger("flashrt_build")
@@ -33,9 +41,11 @@ def main(job_dir: Path) -> int:
 
         outcome = {"status": build(cfg).status}
     except FlashrtError as exc:
+        interrupted_instead(exc)
         log_failure(log, exc)
         outcome = failure(exc)
     except Exception as exc:  # not raised on purpose: reported as this job's failure, in one line
+        interrupted_instead(exc)
         unexpected = UnexpectedError(exc)
         log_failure(log, unexpected)
         outcome = failure(unexpected)

@@ -232,6 +232,36 @@ def test_an_interrupted_build_says_so_in_one_line_and_removes_its_staging(tmp_pa
     assert not list(tmp_path.glob(".staging-*")) and not out.exists()
 
 
+def test_a_signal_wins_over_the_error_it_caused_and_waits_for_cleanup_to_finish() -> None:
+    """CI: Ctrl-C killed the compiler first; its error reached the build before the signal did, and the
+    build exited 1 ('failed') instead of 130 ('interrupted'). A signal during cleanup could cut it short."""
+    script = """
+import os, signal
+from flashrt_build.errors import Interrupted, cleanup_uninterrupted, interrupted_instead, stop_on_signals
+stop_on_signals()
+steps = []
+try:
+    try:
+        raise RuntimeError("the compiler died of the same Ctrl-C")
+    finally:
+        with cleanup_uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("cleaned up")
+except Interrupted as stopped:
+    print(steps, stopped.exit_code, type(stopped.__context__).__name__)
+try:
+    raise OSError("a worker's pipe broke")
+except OSError as exc:
+    try:
+        interrupted_instead(exc)
+    except Interrupted as stopped:
+        print(stopped.exit_code, type(stopped.__cause__).__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['cleaned up'] 130 RuntimeError", "130 OSError"]
+
+
 def test_a_manifest_that_cannot_be_trusted_is_refused(
     mlp_external_build: flashrt_build.BuildResult, tmp_path: Path
 ) -> None:
