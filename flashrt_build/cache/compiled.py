@@ -55,7 +55,9 @@ def compile_methods(
                 label = f"compile {name}" if spec.multi_method else "compile"
                 target = f"{spec.target} method {name}" if spec.multi_method else spec.target
                 with timer.stage(label):
-                    compile_package(e.program, {**options, **method_options(e)}, part, target, cache)
+                    compile_package(
+                        e.program, {**options, **method_options(e, spec.method_inductor_options)}, part, target, cache
+                    )
                 if spec.multi_method:
                     store.put("methods", key, [part])
             parts[name] = part

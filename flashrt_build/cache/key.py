@@ -96,7 +96,12 @@ def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
     keys = {}
     for name, method in methods.items():
         own = {k: v for k, v in ingredients.items() if k not in ("weights", "serve")}
-        own["config"] = {**own["config"], "module": {**own["config"]["module"], "methods": {name: method}}}
+        config = own["config"]
+        # Its compile's options, not the profile's name: a profile that
+        # changes only decode's options leaves prefill's key as it was.
+        inductor = config["inductor"]
+        own_options = {"options": inductor["options"], "methods": {name: inductor.get("methods", {}).get(name)}}
+        own["config"] = {**config, "module": {**config["module"], "methods": {name: method}}, "inductor": own_options}
         if ingredients["config"]["weights"] == "baked":
             own["weights"] = ingredients["weights"]
         keys[name] = canonical_sha256({"method": name, **own})

@@ -131,6 +131,9 @@ class InductorConfig:
 
     name: str = "default"
     options: dict[str, Any] = field(default_factory=dict)
+    # Per method, options over `options` for that method's compile alone:
+    # what suits a one-token decode step can ruin a 512-token prefill.
+    methods: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,8 @@ class BuildSpec:
     state_mode: StateMode = StateMode.in_place
     cuda_graphs: bool = False  # the loader's default (serve.cuda_graphs)
     max_graphs: int = 8
+    # inductor.methods: per method, options over `inductor_options` (flattened)
+    method_inductor_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def default_method(self) -> MethodSpec:
@@ -108,6 +110,26 @@ def flatten_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, A
         else:
             flat[full] = value
     return flat
+
+
+def _method_options(
+    declared: Mapping[str, Any], methods: list[MethodSpec], problems: list[ConfigError]
+) -> dict[str, dict[str, Any]]:
+    """`inductor.methods`, each entry naming one of the module's methods."""
+    names = [m.name for m in methods]
+    resolved = {}
+    for name, options in declared.items():
+        if name not in names:
+            problems.append(
+                ConfigError(
+                    f"inductor.methods.{name}", options, f"not a method of this module; its methods: {', '.join(names)}"
+                )
+            )
+        elif not isinstance(options, Mapping):
+            problems.append(ConfigError(f"inductor.methods.{name}", options, "expected a mapping of Inductor options"))
+        elif options:
+            resolved[name] = flatten_options(options)
+    return resolved
 
 
 def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
@@ -198,6 +220,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     if cxx is not None:
         options["cpp.cxx"] = cxx
     options.update(profile_options(config))
+    method_options = _method_options(config["inductor"].get("methods") or {}, methods, problems)
     march = options.get("cpp.march")
     if march and compiler_found:
         rejected = march_rejected(compiler_path(cxx), str(march))
@@ -258,6 +281,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         state_mode=StateMode(serve["state"]),
         cuda_graphs=bool(serve["cuda_graphs"]),
         max_graphs=int(serve["max_graphs"]),
+        method_inductor_options=method_options,
     )
 
 

@@ -32,15 +32,17 @@ def mode_options(weights: WeightsMode) -> dict[str, Any]:
     return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
 
 
-def method_options(exported: Exported) -> dict[str, Any]:
+def method_options(exported: Exported, declared: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Options one method's compile sets beyond the profile's (the manifest's
-    `methods.*.inductor_options`). A program that writes its state in place
+    `methods.*.inductor_options`): its own from `inductor.methods` (`declared`),
+    and what its program needs. A program that writes its state in place
     reads it as a constant, and Inductor folds constants of one value into
     literals: a step counter's `steps + 1` became `1.0` on every call. Such
     programs compile without that folding."""
+    options = dict(declared.get(exported.method.name, {}))
     if exported.state and not exported.threaded:
-        return {"joint_graph_constant_folding": False}
-    return {}
+        options["joint_graph_constant_folding"] = False
+    return options
 
 
 def compile_package(

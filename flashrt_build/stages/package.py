@@ -84,7 +84,7 @@ def package_stage(
                 "outputs": output_specs(e),
                 "kwargs": dict(e.method.kwargs),
                 "state": e.state,
-                "inductor_options": method_options(e),
+                "inductor_options": method_options(e, spec.method_inductor_options),
                 "compiled": "reused" if compiled[e.method.name] else "built",
                 **({"method_key": method_keys[e.method.name]} if spec.multi_method else {}),
             }

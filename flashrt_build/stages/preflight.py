@@ -37,6 +37,8 @@ def preflight(spec: BuildSpec) -> dict[str, Any]:
         return None
 
     options = collect(validate_inductor_options, spec.inductor_options, spec.weights)
+    for name, own in spec.method_inductor_options.items():
+        collect(validate_inductor_options, own, spec.weights, f"inductor.methods.{name}")
     collect(check_device, spec.device)
     collect(check_method_names, spec)
     collect(check_targets, spec)
@@ -113,26 +115,27 @@ def check_device(device: str) -> None:
         raise ConfigError("target.device", device, f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}")
 
 
-def validate_inductor_options(options: Mapping[str, Any], weights: WeightsMode = WeightsMode.baked) -> dict[str, Any]:
+def validate_inductor_options(
+    options: Mapping[str, Any], weights: WeightsMode = WeightsMode.baked, key: str = "inductor.options"
+) -> dict[str, Any]:
     """Check option names and value types against torch's Inductor config and
-    add the options flashrt_build sets itself."""
+    add the options flashrt_build sets itself; `key`: where the options were
+    given, for messages."""
     forced = {**FORCED_OPTIONS, **mode_options(weights)}
     known = torch._inductor.config.get_config_copy()
     problems = []
-    for key, value in options.items():
-        if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=3)
+    for name, value in options.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             problems.append(
-                ConfigError(
-                    f"inductor.options.{key}", value, f"not an Inductor option in torch {torch.__version__}{hint}"
-                )
+                ConfigError(f"{key}.{name}", value, f"not an Inductor option in torch {torch.__version__}{hint}")
             )
             continue
-        default = known[key]
+        default = known[name]
         if isinstance(default, bool) and not isinstance(value, bool):
-            problems.append(ConfigError(f"inductor.options.{key}", value, "expected true or false"))
-        elif key in forced and value != forced[key]:
-            problems.append(ConfigError(f"inductor.options.{key}", value, f"flashrt_build sets {forced[key]!r} here"))
+            problems.append(ConfigError(f"{key}.{name}", value, "expected true or false"))
+        elif name in forced and value != forced[name]:
+            problems.append(ConfigError(f"{key}.{name}", value, f"flashrt_build sets {forced[name]!r} here"))
     raise_all(problems)
     return {**options, **forced}

@@ -187,6 +187,16 @@ def test_inductor_options_are_flattened() -> None:
     assert spec.inductor_options == {"cpp.march": "x86-64-v3"}
 
 
+def test_options_for_one_method_name_a_method_of_the_module() -> None:
+    spec = resolve_spec(compose(["+module=tiny_lm", "inductor=decode"]))
+    assert spec.method_inductor_options["decode"]["coordinate_descent_tuning"] is True
+    assert "coordinate_descent_tuning" not in spec.inductor_options and "prefill" not in spec.method_inductor_options
+    with pytest.raises(
+        ConfigError, match=r"inductor.methods.decode' = .*not a method of this module; its methods: forward"
+    ):
+        spec_of("inductor=decode")  # the mlp has one method, its forward
+
+
 def test_allowed_targets_refuse_other_targets_before_import() -> None:
     err = config_error("allowed_targets=[transformers.*]")
     assert err.key == "module.model._target_" and err.value == "flashrt_build.examples.MLP"

@@ -128,6 +128,28 @@ def test_changing_one_methods_inputs_recompiles_that_method_only(lm_build: flash
     assert changed.manifest["verification"]["passed"] is True
 
 
+@pytest.mark.slow
+def test_a_profile_for_one_method_compiles_that_method_only(lm_build: flashrt_build.BuildResult) -> None:
+    """`inductor=decode` tunes decode alone: prefill keeps the default options, so its model is reused."""
+    out = lm_build.output_dir.parent / "decode-profile"
+    with mock.patch.object(compiled, "compile_package", wraps=compiled.compile_package) as compiler:
+        tuned = build("+module=tiny_lm", "weights=external", "inductor=decode", output_dir=out)
+    assert compiler.call_count == 1 and "method decode" in compiler.call_args.args[3]
+    profile = {"coordinate_descent_tuning": True, "coordinate_descent_check_all_directions": True}
+    assert profile.items() <= compiler.call_args.args[1].items()  # what the compile was given
+    methods = tuned.manifest["methods"]
+    assert profile.items() <= methods["decode"]["inductor_options"].items()
+    assert "coordinate_descent_tuning" not in {
+        **methods["prefill"]["inductor_options"],
+        **tuned.manifest["inductor"]["options"],
+    }
+    assert (
+        methods["prefill"]["compiled"] == "reused"
+        and methods["decode"]["method_key"] != (lm_build.manifest["methods"]["decode"]["method_key"])
+    )
+    assert tuned.manifest["verification"]["passed"] is True
+
+
 def test_a_graph_break_in_one_method_fails_the_build_naming_it(tmp_path: Path) -> None:
     conf = tmp_path / "conf" / "module"
     conf.mkdir(parents=True)

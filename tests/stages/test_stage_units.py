@@ -112,6 +112,11 @@ def test_option_type_and_forced_value_are_checked() -> None:
         validate_inductor_options({"always_keep_tensor_constants": False})
 
 
+def test_one_methods_options_are_checked_under_their_own_key() -> None:
+    with pytest.raises(ConfigError, match=r"inductor.methods.decode.max_autotun' = True: not an Inductor option"):
+        validate_inductor_options({"max_autotun": True}, key="inductor.methods.decode")
+
+
 # module + checkpoint ----------------------------------------------------------
 
 
