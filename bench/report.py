@@ -42,7 +42,8 @@ def publish(out: Path, title: str, command: str, text: str) -> None:
 
 
 def cli_build(overrides: Sequence[str], root: str | Path) -> tuple[Path, dict, float]:
-    """Build through the real CLI into `root`: (output directory, manifest, seconds)."""
+    """Build through the real CLI into `root` (or the `output_dir=` among
+    `overrides`): (output directory, manifest, seconds)."""
     import json
     import subprocess
     import sys
@@ -53,7 +54,12 @@ def cli_build(overrides: Sequence[str], root: str | Path) -> tuple[Path, dict, f
     if done.returncode:
         raise SystemExit(f"the build failed ({done.returncode})")
     seconds = time.perf_counter() - start
-    out = next(p.parent for p in Path(root).rglob("manifest.json") if ".store" not in p.parts)
+    given = [o.partition("=")[2] for o in overrides if o.startswith("output_dir=")]
+    out = (
+        Path(given[-1])
+        if given
+        else next(p.parent for p in Path(root).rglob("manifest.json") if ".store" not in p.parts)
+    )
     return out, json.loads((out / "manifest.json").read_text()), seconds
 
 

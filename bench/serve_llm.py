@@ -66,6 +66,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-cpp", action="store_true", help="skip flashrt-generate")
     parser.add_argument("--out-name", default="serve_llm")
+    parser.add_argument(
+        "--vs-inductor",
+        metavar="PROFILE",
+        help="also build with this Inductor profile (its unchanged methods reused) and time its decode side by side",
+    )
     args = parser.parse_args()
     size = dict(pair.split("=") for pair in args.size.split(","))
     args.vocab = int(size["vocab"])
@@ -82,10 +87,23 @@ def main() -> None:
     # flashrt-generate builds beside the package (CMake and the compile each take minutes on a GPU machine)
     tool = None if args.no_cpp else ThreadPoolExecutor(1).submit(cpp_generate_tool)
     with tempfile.TemporaryDirectory() as root:
-        out, manifest, build_s = cli_build(overrides, root)
+        out, manifest, build_s = cli_build([*overrides, f"output_dir={root}/{args.inductor}"], root)
+        other = None
+        if args.vs_inductor:
+            other_overrides = [*overrides, f"inductor={args.vs_inductor}", f"output_dir={root}/{args.vs_inductor}"]
+            other = cli_build(other_overrides, root)
         cpp = None if tool is None else tool.result()
-        results = measure(args, out, manifest, overrides, device, cpp)
+        results = measure(args, out, manifest, overrides, device, cpp, other and other[0])
     results["build_s"] = build_s
+    if other is not None:
+        results["vs_inductor"] = {
+            "profile": args.vs_inductor,
+            "build_s": other[2],
+            "compile_s": {k: v for k, v in other[1]["timings"].items() if k.startswith("compile")},
+            "compiled": {name: m["compiled"] for name, m in other[1]["methods"].items()},
+            "inductor_options": {name: m["inductor_options"] for name, m in other[1]["methods"].items()},
+            "verification_passed": other[1]["verification"]["passed"],
+        }
     results["compile_s"] = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
     results["verification_graphs"] = manifest["verification"].get("graphs")
     (RESULTS / f"{args.out_name}.json").write_text(json.dumps(results, indent=2))
@@ -96,6 +114,7 @@ def main() -> None:
             ("--rounds", args.rounds, 3),
             ("--steps", args.steps, 50),
             ("--out-name", args.out_name, "serve_llm"),
+            ("--vs-inductor", args.vs_inductor, None),
         )
         if value != default
     )
@@ -110,6 +129,7 @@ def measure(
     overrides: list[str],
     device: torch.device,
     cpp: Path | None,
+    other: Path | None = None,
 ) -> dict[str, Any]:
     on_gpu = device.type == "cuda"
     replayed = flashrt_build.load(out, cuda_graphs=on_gpu)
@@ -139,6 +159,12 @@ def measure(
     }
     if on_gpu:
         decode["raw CUDAGraph.replay of the package"] = raw_replay(out, manifest, replayed, [token, position])
+    tuned = None
+    if other is not None:  # bound to the same cache: each variant's step writes the same position
+        tuned = flashrt_build.load(other, cuda_graphs=on_gpu)
+        decode[f"package inductor={args.vs_inductor}, graphs, trusted"] = lambda: tuned.decode.run_trusted(
+            token, position
+        )
     prefill = {
         "eager": lambda: eager(prompt),
         "torch.compile reduce-overhead": lambda: compiled("prefill")(prompt),
@@ -148,6 +174,8 @@ def measure(
     with torch.no_grad():
         kernels = count_kernels(lambda: plain.decode(token, position), device)
         results: dict[str, Any] = {"decode_kernels": kernels}
+        if tuned is not None:
+            results["vs_inductor_decode_kernels"] = count_kernels(lambda: tuned.decode(token, position), device)
         results["decode_ms"] = timed(decode, args, device)
         results["prefill_ms"] = timed(prefill, args, device, steps=max(2, args.steps // 5))
         results["generation"] = generation(args, eager, reduce_overhead, replayed, plain, prompt, out, cpp)
@@ -349,6 +377,12 @@ def report(results: dict[str, Any], manifest: dict[str, Any], args: argparse.Nam
         ("prefill: graphs / plain package call", "prefill_ms", checked, plain),
         ("prefill: graphs / torch.compile reduce-overhead", "prefill_ms", checked, compare),
     ]
+    if results.get("vs_inductor"):
+        tuned = f"package inductor={args.vs_inductor}, graphs, trusted"
+        ratios.insert(0, (f"decode: inductor={args.vs_inductor} / inductor={args.inductor} (graphs, trusted)",
+                          "decode_ms", tuned, trusted))  # fmt: skip
+        ratios.insert(1, (f"decode: inductor={args.vs_inductor} (graphs) / torch.compile reduce-overhead",
+                          "decode_ms", tuned, compare))  # fmt: skip
     if raw in results["decode_ms"]:
         ratios.insert(3, ("decode: loader's replay (trusted) / raw replay", "decode_ms", trusted, raw))
         ratios.insert(4, ("decode: loader's replay (checked) / raw replay", "decode_ms", checked, raw))
@@ -373,6 +407,14 @@ def report(results: dict[str, Any], manifest: dict[str, Any], args: argparse.Nam
         rows,
         "lrrrrrl",
     )
+    if results.get("vs_inductor"):
+        v = results["vs_inductor"]
+        compiles = ", ".join(f"{k} {s:.0f} s" for k, s in v["compile_s"].items()) or "nothing compiled"
+        text += (
+            f"\ninductor={v['profile']}: built in {v['build_s']:.0f} s ({compiles}; methods {v['compiled']}), "
+            f"verified: {v['verification_passed']}; {results['vs_inductor_decode_kernels']} kernels in a plain "
+            f"decode step; per-method options {v['inductor_options']}.\n"
+        )
     if results.get("verification_graphs"):
         v = results["verification_graphs"]
         text += (

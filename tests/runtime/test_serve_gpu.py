@@ -3,15 +3,22 @@ on the lent H200): tiny_lm built for CUDA with `serve.cuda_graphs`, its
 verification replaying each method, generation from replayed graphs equal to
 plain calls and to the eager module (float32: in bf16 the package's fused
 kernels round differently from eager's and near-ties of a random model's
-logits flip, which BENCHMARKS.md measures), the graphs' bookkeeping with
+logits flip, which BENCHMARKS.md measures; in bf16 for a trained model, whose
+tokens are decided, from Python and from C++), the graphs' bookkeeping with
 real captures. The bookkeeping's logic is covered on the CPU in
 test_graphs.py and test_serve.py."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from greedy import eager_greedy
+from greedy import eager_greedy, train_on_a_cycle
+from safetensors.torch import save_file
 
 import flashrt_build
 from flashrt_build.config.compose import compose
@@ -42,9 +49,29 @@ def prompt(length: int = 12) -> torch.Tensor:
     return torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)).cuda()
 
 
-def eager_tokens(new: int, ids: torch.Tensor, dtype: str) -> torch.Tensor:
-    module = instantiate_module(resolve_spec(compose([*LM, f"target.dtype={dtype}"])))  # as the build made it
+def eager_tokens(new: int, ids: torch.Tensor, dtype: str, *overrides: str) -> torch.Tensor:
+    module = instantiate_module(resolve_spec(compose([*LM, f"target.dtype={dtype}", *overrides])))  # as built
     return eager_greedy(module, ids, new)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
+    """tiny_lm trained (float32, on the GPU) until its next token is decided: a checkpoint and its rule."""
+    module = instantiate_module(resolve_spec(compose([*LM, "target.dtype=float32"])))
+    cycle = train_on_a_cycle(module)
+    path = tmp_path_factory.mktemp("trained") / "model.safetensors"
+    save_file({name: t.detach().cpu().contiguous() for name, t in module.state_dict().items()}, path)
+    return path, cycle.cuda()
+
+
+@pytest.fixture(scope="module")
+def lm_trained(
+    tmp_path_factory: pytest.TempPathFactory, trained: tuple[Path, torch.Tensor]
+) -> flashrt_build.BuildResult:
+    """The trained checkpoint built in bf16, external weights, serving from graphs."""
+    return build(
+        tmp_path_factory, "lm_trained", f"module.checkpoint={trained[0]}", "weights=external", "serve.cuda_graphs=true"
+    )
 
 
 def test_the_build_verifies_its_methods_replayed_from_graphs(lm_cuda: flashrt_build.BuildResult) -> None:
@@ -67,6 +94,36 @@ def test_generation_from_graphs_equals_plain_calls_and_eager(lm_cuda: flashrt_bu
     replayed.reset_state()  # a second prompt of that length: prefill is captured too
     assert torch.equal(flashrt_build.generate(replayed, prompt(), 64).tokens, tokens)
     assert len(replayed.methods["prefill"].graphs.graphs) == 1
+
+
+def test_a_trained_model_generates_eagers_tokens_in_bf16(
+    lm_trained: flashrt_build.BuildResult, trained: tuple[Path, torch.Tensor]
+) -> None:
+    lm = flashrt_build.load(lm_trained.output_dir)
+    assert lm.cuda_graphs and lm.manifest["target"]["dtype"] == "bfloat16"
+    tokens = flashrt_build.generate(lm, prompt(), 96).tokens
+    cycle = trained[1]
+    assert torch.equal(tokens[0, 1:], cycle[tokens[0, :-1]])  # the rule it learned: decided tokens, no near-ties
+    assert torch.equal(tokens, eager_tokens(96, prompt(), "bfloat16", f"module.checkpoint={trained[0]}"))
+
+
+def test_flashrt_generate_gives_the_same_tokens_from_graphs(
+    lm_trained: flashrt_build.BuildResult, trained: tuple[Path, torch.Tensor]
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from cpp_runner import build_bench_tool  # with the headers bench/cpp_runner.py --stage-deps carried here
+
+    tool = build_bench_tool("flashrt-generate")
+    ids = ",".join(map(str, prompt()[0].tolist()))
+    done = subprocess.run(
+        [tool, lm_trained.output_dir, "--prompt", ids, "--tokens", "96", "--cuda-graphs", "--warmup", "1", "--json"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout)
+    assert said["cuda_graphs"] is True
+    expected = eager_tokens(96, prompt(), "bfloat16", f"module.checkpoint={trained[0]}")
+    assert said["tokens"] == expected[0].tolist()
 
 
 def test_threaded_state_replays_too(lm_cuda_threaded: flashrt_build.BuildResult) -> None:
