@@ -94,7 +94,9 @@ def package_stage(
         "toolchain": dict(toolchain),
     }
     reused = all(compiled.values())
-    seal_package(package_path, load_contract(sections), already=reused)
+    # A lone method's package comes from the store whole, sealed; several
+    # methods' stored models are combined into a fresh one, sealed here.
+    seal_package(package_path, load_contract(sections), already=reused and not spec.multi_method)
     sections["package"] = {"file": PACKAGE, **file_record(package_path), "reused": reused}
     note = f"{sections['package']['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
     if spec.weights is WeightsMode.external:
