@@ -82,10 +82,10 @@ class LoaderCrash(VerifyError):
 class WeightsMismatch(FlashrtError):
     """Weights given to a package differ from what it binds (names, shapes, dtypes, devices)."""
 
-    def __init__(self, problems: dict[str, list[str]], source: str) -> None:
+    def __init__(self, problems: dict[str, list[str]], source: str, hint: str = "") -> None:
         self.problems = problems
         listed = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in problems.items())
-        super().__init__(f"weights from {source} do not fit the package: {listed}")
+        super().__init__(f"weights from {source} do not fit the package: {listed}{hint}")
 
 
 class ArtifactError(FlashrtError):
@@ -213,5 +213,16 @@ def command_verdict(check: Callable[[], dict[str, list[str]]], passed: str, fail
 
 
 def quiet_known_warnings() -> None:
-    """torch's own pytree deprecation notice, printed on every export: not the user's to act on."""
+    """torch's own pytree deprecation notices, printed on every export and
+    every torchao import: not the user's to act on."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    if not any(isinstance(f, _EnumConstantNotice) for f in pytree_log.filters):
+        pytree_log.addFilter(_EnumConstantNotice())
+
+
+class _EnumConstantNotice(logging.Filter):
+    """torchao registers its Enums as pytree constants, which torch 2.14 deprecates on every import."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "register_constant() on Enum subclasses is deprecated" not in record.getMessage()

@@ -31,6 +31,7 @@ from .stages.package import package_stage
 from .stages.preflight import preflight
 from .stages.progress import StageTimer
 from .stages.publish import build_lock, publish, staging_dir
+from .stages.quantize import quantize_stage
 from .stages.threads import apply_threads
 from .stages.verify import verify_stage
 
@@ -77,6 +78,7 @@ def _run_stages(plan: Plan, options: dict[str, Any]) -> BuildResult:
     log.info("building %s <%s> for %s/%s, weights %s -> %s", spec.name, spec.target, spec.device, spec.dtype,
              spec.weights.value, spec.output_dir)  # fmt: skip
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
+    originals = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
     timer.run("inputs", inputs_stage, module, spec)
     exported = timer.run("export", export_stage, module, spec)
     # Builds of one output dir take turns from here to publishing; the stages
@@ -92,7 +94,7 @@ def _run_stages(plan: Plan, options: dict[str, Any]) -> BuildResult:
         manifest = partial(assemble_manifest, spec, timer.sections, options=options, keys=plan.keys,
                            ingredients=plan.ingredients, digests=plan.digests, timings=timer.timings)  # fmt: skip
         if spec.verify:  # on the draft manifest, which the package is loaded against
-            timer.run("verify", verify_stage, spec, module, staging, manifest(), state)
+            timer.run("verify", verify_stage, spec, module, staging, manifest(), state, originals)
         else:
             log.warning("verification is off (verify.enabled=false): the package is recorded as unverified")
         record = manifest()

@@ -36,6 +36,9 @@ from .store import Store
 
 # Keys that say where a build goes and how it is checked, not what it is.
 COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads")
+# Ingredients of the build key that leave the compiled graph as it is: the
+# weights, the loader's defaults, the bounds the package is judged by.
+BUILD_ONLY = ("weights", "serve", "judged")
 
 
 def input_digests(spec: BuildSpec, digests: DigestCache | None = None) -> dict[str, str]:
@@ -58,6 +61,9 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
     # defaults are the manifest's alone (toggling them never recompiles).
     config["serve"] = {"state": spec.state_mode.value}
     config["module"] = {k: v for k, v in spec.config["module"].items() if k != "checkpoint"}
+    # The recipe shapes the compiled graph; its error bound only judges the
+    # package: in the build key (a tighter bound is checked again), not the graph's.
+    config["quant"] = {k: v for k, v in spec.config["quant"].items() if k != "max_rel_error"}
     own_sha, _ = source_tree_sha256(str(Path(__file__).resolve().parents[1]))  # all of flashrt_build
     kinds = {f.label: f.kind for f in spec.input_files}
     ingredients = {
@@ -65,7 +71,11 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
         "module": module_source(spec.target),
         # files the module's config names that shape the graph (a from_pretrained directory's config.json)
         "model_files": {label: sha for label, sha in digests.items() if kinds[label] == "model"},
-        "toolchain": key_fields(dict(toolchain)),
+        "toolchain": {
+            **key_fields(dict(toolchain)),
+            # torchao shapes a quantized build's graph and weights, nothing else's
+            **({"torchao": toolchain.get("torchao")} if spec.quant is not None else {}),
+        },
         "flashrt_build": own_sha,
         "weights": {
             "checkpoint": {f.name: digests[f.label] for f in spec.input_files if f.key == "module.checkpoint"} or None,
@@ -74,16 +84,19 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
         },
         "serve": {"cuda_graphs": spec.cuda_graphs, "max_graphs": spec.max_graphs},
     }
+    if spec.quant is not None:
+        ingredients["judged"] = {"quant.max_rel_error": spec.quant.max_rel_error}
     # As the manifest will hold them: JSON types (axis keys as strings), so a
     # stored key compares equal to a recomputed one.
     return json.loads(json.dumps(ingredients, default=str))
 
 
 def build_keys(ingredients: dict[str, Any]) -> dict[str, str]:
-    graph_key = canonical_sha256({k: v for k, v in ingredients.items() if k not in ("weights", "serve")})
+    graph_key = canonical_sha256({k: v for k, v in ingredients.items() if k not in BUILD_ONLY})
     build = {"graph": graph_key, "weights": ingredients["weights"]}
-    if "serve" in ingredients:  # absent from the keys of artifacts built before it was
-        build["serve"] = ingredients["serve"]
+    for name in ("serve", "judged"):  # absent from the keys of artifacts built before them
+        if name in ingredients:
+            build[name] = ingredients[name]
     return {"graph_key": graph_key, "build_key": canonical_sha256(build)}
 
 
@@ -95,7 +108,7 @@ def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
     methods = ingredients["config"]["module"].get("methods") or {}
     keys = {}
     for name, method in methods.items():
-        own = {k: v for k, v in ingredients.items() if k not in ("weights", "serve")}
+        own = {k: v for k, v in ingredients.items() if k not in BUILD_ONLY}
         config = own["config"]
         # Its compile's options, not the profile's name: a profile that
         # changes only decode's options leaves prefill's key as it was.

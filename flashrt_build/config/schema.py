@@ -137,6 +137,49 @@ class InductorConfig:
 
 
 @dataclass
+class QuantRule:
+    """One rule of a quantization recipe: the Linear modules whose FQN matches
+    `pattern` (fnmatch: `*` any run of characters, `lm_head`, `blocks.*.mlp.*`)
+    get torchao's `config` (a class of `torchao.quantization`) built with
+    `args`, or stay as they are (`config: skip`). The first rule that matches
+    a module decides it."""
+
+    pattern: str = "*"
+    config: str = "skip"
+    args: dict[str, Any] = field(default_factory=dict)
+    # A rule must match some module (a typo would silently quantize what it
+    # meant to skip) unless it is optional.
+    optional: bool = False
+
+
+@dataclass
+class QuantRecipeInductor:
+    """Inductor options a recipe needs to be fast, under the `inductor`
+    group's own (which win where both set one)."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class QuantConfig:
+    """How weights are quantized (torchao), applied to the module after its
+    checkpoint is loaded and before export. `none`: not at all."""
+
+    name: str = "none"
+    rules: list[QuantRule] = field(default_factory=list)
+    # The target devices the recipe's kernels run on (`cpu`, `cuda`).
+    devices: list[str] = field(default_factory=lambda: ["cpu", "cuda"])
+    # The least CUDA compute capability it needs ([8, 9]: float8), or null.
+    min_capability: list[int] | None = None
+    # Verification compares the package with the float module too: a
+    # norm-wise relative error ||package - float|| / ||float|| of any output
+    # past this fails the build (null: recorded only).
+    max_rel_error: float | None = None
+    inductor: QuantRecipeInductor = field(default_factory=QuantRecipeInductor)
+
+
+@dataclass
 class VerifyConfig:
     """Parity of the package against the eager module before publishing."""
 
@@ -185,6 +228,7 @@ class BuildConfig:
     module: ModuleConfig | None = None
     target: TargetConfig = field(default_factory=TargetConfig)
     inductor: InductorConfig = field(default_factory=InductorConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
     weights: WeightsMode = WeightsMode.baked
     output_root: str = "outputs"
     # Exact directory for this build; null derives it from the module name and

@@ -21,6 +21,7 @@ from ..runtime.formats import Checkpoint, resolve_checkpoint
 from .files import InputFile, checkpoint_files, model_files
 from .inputs import NAME, InputSpec, MethodSpec, canonical_dtype, resolve_methods
 from .paths import check_output_dir, check_temp_dir, check_writable
+from .quant import QuantRecipe, resolve_quant
 from .schema import StateMode, WeightsMode, unknown_keys
 from .targets import allowed_targets, find_targets, target_allowed
 from .toolchain import check_compiler, compiler_path, march_rejected
@@ -65,6 +66,7 @@ class BuildSpec:
     max_graphs: int = 8
     # inductor.methods: per method, options over `inductor_options` (flattened)
     method_inductor_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    quant: QuantRecipe | None = None  # None: weights as the module holds them
 
     @property
     def default_method(self) -> MethodSpec:
@@ -113,20 +115,20 @@ def flatten_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, A
 
 
 def _method_options(
-    declared: Mapping[str, Any], methods: list[MethodSpec], problems: list[ConfigError]
+    declared: Mapping[str, Any], methods: list[MethodSpec], problems: list[ConfigError], where: str = "inductor"
 ) -> dict[str, dict[str, Any]]:
-    """`inductor.methods`, each entry naming one of the module's methods."""
+    """`inductor.methods` (or a recipe's), each entry naming one of the module's methods."""
     names = [m.name for m in methods]
     resolved = {}
     for name, options in declared.items():
         if name not in names:
             problems.append(
                 ConfigError(
-                    f"inductor.methods.{name}", options, f"not a method of this module; its methods: {', '.join(names)}"
+                    f"{where}.methods.{name}", options, f"not a method of this module; its methods: {', '.join(names)}"
                 )
             )
         elif not isinstance(options, Mapping):
-            problems.append(ConfigError(f"inductor.methods.{name}", options, "expected a mapping of Inductor options"))
+            problems.append(ConfigError(f"{where}.methods.{name}", options, "expected a mapping of Inductor options"))
         elif options:
             resolved[name] = flatten_options(options)
     return resolved
@@ -216,11 +218,20 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     check(check_compiler, cxx)
     compiler_found = len(problems) == before_compiler
     check(check_temp_dir)
-    options = flatten_options(config["inductor"]["options"] or {})
+    quant = resolve_quant(config["quant"], device, problems)
+    # The recipe's options first: the inductor group's own win where both set one.
+    options = {
+        **flatten_options(config["quant"]["inductor"]["options"] or {}),
+        **flatten_options(config["inductor"]["options"] or {}),
+    }
     if cxx is not None:
         options["cpp.cxx"] = cxx
     options.update(profile_options(config))
-    method_options = _method_options(config["inductor"].get("methods") or {}, methods, problems)
+    method_options = _method_options(
+        config["quant"]["inductor"].get("methods") or {}, methods, problems, "quant.inductor"
+    )
+    for name, own in _method_options(config["inductor"].get("methods") or {}, methods, problems).items():
+        method_options[name] = {**method_options.get(name, {}), **own}
     march = options.get("cpp.march")
     if march and compiler_found:
         rejected = march_rejected(compiler_path(cxx), str(march))
@@ -282,6 +293,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         cuda_graphs=bool(serve["cuda_graphs"]),
         max_graphs=int(serve["max_graphs"]),
         method_inductor_options=method_options,
+        quant=quant,
     )
 
 

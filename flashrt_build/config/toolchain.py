@@ -101,6 +101,7 @@ def describe_toolchain(cxx: str | None, gpu: dict[str, Any] | None) -> dict[str,
         "hydra_core": _version("hydra-core"),
         "omegaconf": _version("omegaconf"),
         "safetensors": _version("safetensors"),
+        "torchao": _version("torchao"),  # quantizes the weights of a build with a `quant` recipe
         "cxx": {"path": path, "version": compiler_version(path)},
         "cuda": torch_cuda_version(),
         "gpu": gpu,

@@ -23,6 +23,19 @@ from .manifest import manifest_methods, method_bindings, state_mode
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
 
+def _quantized_hint(manifest: dict[str, Any], problems: dict[str, list[str]]) -> str:
+    """What to do when float weights meet a quantized package."""
+    quant = manifest.get("quant")
+    originals = {e["quantized"]["from"] for e in manifest["weights"]["tensors"] if e.get("quantized")}
+    if not quant or not originals & set(problems.get("unexpected", [])):
+        return ""
+    return (
+        f". The package's weights are quantized (quant={quant['name']}): it binds their parts, not float weights. "
+        f"Build with module.checkpoint=THAT_FILE and quant={quant['name']}: the checkpoint is quantized by the "
+        "recipe and the compiled package reused (external weights), nothing recompiled"
+    )
+
+
 def weights_to_bind(
     manifest: dict[str, Any],
     weights: WeightsArg,
@@ -45,7 +58,7 @@ def weights_to_bind(
     strides = {name: t.stride() for name, t in tensors.items()} if borrowed else None
     chosen, problems = compare(entries, table, device, devices, manifest["weights"].get("unused", []), strides)
     if problems:
-        raise WeightsMismatch(problems, source)
+        raise WeightsMismatch(problems, source, _quantized_hint(manifest, problems))
     by_fqn = {e["fqn"]: e for e in entries}
     bound = {fqn: laid_out(tensors[name], by_fqn[fqn]) for fqn, name in chosen.items()}
     if sidecar is not None and len(bound) < len(entries):

@@ -261,8 +261,24 @@ def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str
     files = CheckpointFiles(as_argument("CHECKPOINT", checkpoint), "CHECKPOINT", "argument")
     table = {name: entry for file in files.checkpoint.files for name, entry in files.table(file).items()}
     weights = manifest["weights"]
-    _, problems = compare(weights["tensors"], table, unused=weights.get("unused", []))
+    # State buffers (a KV cache) are bound apart: a checkpoint may hold them, as `load` accepts.
+    accepted = [*weights.get("unused", []), *(t["fqn"] for t in (manifest.get("state") or {}).get("tensors", []))]
+    _, problems = compare(float_view(weights["tensors"], manifest.get("quant")), table, unused=accepted)
     return problems
+
+
+def float_view(entries: list[Mapping[str, Any]], quant: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """A quantized package's tensors as a float checkpoint names them: each
+    quantized weight once, by its own FQN, shape and dtype (the manifest's
+    `quant.modules`), in place of the parts the package binds."""
+    if not quant:
+        return entries
+    view = [e for e in entries if not e.get("quantized")]
+    originals = sorted({e["quantized"]["from"] for e in entries if e.get("quantized")})
+    for fqn in originals:
+        module = quant["modules"][fqn.rpartition(".")[0]]
+        view.append({"fqn": fqn, "shape": module["shape"], "dtype": module["dtype"], "kind": "parameter"})
+    return view
 
 
 def as_argument(name: str, path: str | Path) -> Checkpoint:

@@ -122,6 +122,7 @@ class Manifest(TypedDict, total=False):
     target: dict[str, Any]
     serve: dict[str, Any]
     inductor: dict[str, Any]
+    quant: dict[str, Any]  # a quantized build: the recipe, torchao's version, each Linear's rule
     release: bool
     config: dict[str, Any]
     config_sha256: str

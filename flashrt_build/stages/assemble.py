@@ -55,6 +55,7 @@ def assemble_manifest(
         "serve": {"cuda_graphs": spec.cuda_graphs, "max_graphs": spec.max_graphs},
         "toolchain": sections["toolchain"],
         "inductor": {"options": _jsonable(options)},
+        **({"quant": sections["quant"]} if "quant" in sections else {}),
         "release": spec.release,
         "config": dict(spec.config),
         "config_sha256": config_sha256(spec.config),

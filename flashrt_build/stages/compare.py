@@ -139,3 +139,43 @@ def check_replayed(spec: BuildSpec, labels: list[str], references: list[Any], re
         "max_abs_err_vs_plain": worst_plain,
         "max_abs_err_vs_eager": worst_eager,
     }
+
+
+def quantization_error(
+    labels: list[str], package_leaves: list[list[Any]], float_references: list[Any], bound: float | None
+) -> dict[str, Any]:
+    """The package's distance from the float (unquantized) module over the
+    sequence: the worst norm-wise relative error of a float output,
+    ||package - float|| / ||float||, where it was, and how often the largest
+    entry along the last dim (a class, a token) is the same. Past `bound`
+    (quant.max_rel_error) it is an error; the record says it either way."""
+    worst, where, agree, total, max_abs = 0.0, "", 0, 0, 0.0
+    for label, out, ref in zip(labels, package_leaves, float_references, strict=True):
+        flat = pytree.tree_flatten_with_path(ref)[0]
+        for (path, r), o in zip(flat, out, strict=True):
+            if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(o, torch.Tensor)):
+                continue
+            o64, r64 = o.detach().double().cpu(), r.detach().double().cpu()
+            rel = float((o64 - r64).norm() / r64.norm().clamp_min(1e-30))
+            max_abs = max(max_abs, float((o64 - r64).abs().max()) if r64.numel() else 0.0)
+            if rel > worst or not where:
+                worst, where = rel, f"{pytree.keystr(path) or 'output'} at {label}"
+            if r64.dim() >= 1 and r64.shape[-1] > 1:
+                agree += int((o64.argmax(-1) == r64.argmax(-1)).sum())
+                total += r64[..., 0].numel()
+    record = {
+        "against": "the float module (before quantization)",
+        "max_rel_err": worst,
+        "max_abs_err": max_abs,
+        "where": where,
+        "top1_agreement": agree / total if total else None,
+        "bound": bound,
+        "passed": bound is None or worst <= bound,
+    }
+    if not record["passed"]:
+        raise VerifyError(
+            f"quantization error against the float module: ||package - float|| / ||float|| = {worst:.4g} at {where}, "
+            f"past quant.max_rel_error={bound:g}. Keep more modules unquantized (a rule with config: skip) or raise "
+            "the bound if this error is acceptable"
+        )
+    return record

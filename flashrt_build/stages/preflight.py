@@ -39,6 +39,10 @@ def preflight(spec: BuildSpec) -> dict[str, Any]:
     options = collect(validate_inductor_options, spec.inductor_options, spec.weights)
     for name, own in spec.method_inductor_options.items():
         collect(validate_inductor_options, own, spec.weights, f"inductor.methods.{name}")
+    if spec.quant is not None:  # the recipe's configs, arguments and GPU, before the module is built
+        from .quantize import torchao_configs
+
+        collect(torchao_configs, spec.quant, spec.device)
     collect(check_device, spec.device)
     collect(check_method_names, spec)
     collect(check_targets, spec)

@@ -30,9 +30,10 @@ from ..config.spec import BuildSpec
 from ..errors import LoaderCrash, VerifyError, first_lines
 from ..runtime.gpu import gpu_of
 from ..runtime.manifest import method_bindings, state_mode
-from .compare import LeafResult, check_replayed, compare_leaves, raise_on_mismatch
+from .compare import LeafResult, check_replayed, compare_leaves, quantization_error, raise_on_mismatch
 from .inputs import make_inputs
 from .progress import Stage
+from .quantize import float_weights
 from .threads import RUN_THREADS_ENV
 from .verify_worker import PROGRESS
 
@@ -208,13 +209,24 @@ def _crash_remedy(cxx: str) -> str:
 
 
 def verify_stage(
-    spec: BuildSpec, module: torch.nn.Module, staging: Path, draft: dict[str, Any], state: list[str]
+    spec: BuildSpec,
+    module: torch.nn.Module,
+    staging: Path,
+    draft: dict[str, Any],
+    state: list[str],
+    originals: Mapping[str, torch.nn.Parameter] | None = None,
 ) -> Stage[dict[str, Any]]:
     """In a fresh process, the package loaded as users load it (digests
-    checked, weights bound), against eager: the manifest's `verification`."""
-    record = verify(spec, module, staging, draft, state, spec.repeat, spec.verify_timeout)
+    checked, weights bound), against eager: the manifest's `verification`.
+    A quantized module (`originals`: the float weights it replaced) is also
+    compared as it was before quantization."""
+    record = verify(spec, module, staging, draft, state, spec.repeat, spec.verify_timeout, originals)
     record["gpu"] = gpu_of(spec.device)  # the worker runs on the build's device
     note = f"{len(record['probes'])} calls in a fresh process passed"
+    if "quantization" in record:
+        q = record["quantization"]
+        agreement = "" if q["top1_agreement"] is None else f", top-1 agreement {q['top1_agreement']:.1%}"
+        note += f"; against the float module rel err {q['max_rel_err']:.3g}{agreement}"
     if "bench" in record:
         note += "; median ms " + ", ".join(f"{k} {v['median']:.3f}" for k, v in record["bench"]["ms"].items())
     return Stage(record, note, {"verification": record})
@@ -228,6 +240,7 @@ def verify(
     state: list[str],
     repeat: int,
     timeout: float,
+    originals: Mapping[str, torch.nn.Parameter] | None = None,
 ) -> dict[str, Any]:
     """Compare package and eager over the whole sequence; raise on the first
     mismatch, naming the output leaf, the call, the error and the tolerance."""
@@ -239,6 +252,13 @@ def verify(
         expected = sorted(method_bindings(manifest["weights"]["tensors"], method))
         if sorted(set(fqns) - in_place) != expected:  # the state it writes in place is bound apart
             raise VerifyError(f"the package's {method} binds {sorted(fqns)}, the manifest lists {expected}")
+    float_references = None
+    if originals:  # first, from the state the package started with
+        initial = {name: module.get_buffer(name).detach().clone() for name in state}
+        with float_weights(module, originals):
+            float_references, _ = run_eager(module, spec, calls, state)
+        for name, value in initial.items():
+            module.get_buffer(name).copy_(value)
     references, ref_state = run_eager(module, spec, calls, state)
     probes = []
     for call, ref, out in zip(calls, references, result["outputs"], strict=True):
@@ -254,6 +274,10 @@ def verify(
         leaf.path = f"state.{name}"
     raise_on_mismatch(state_leaves, f"the end of the sequence ({len(calls)} calls)")
     record = _verification_record(probes, state_leaves, spec)
+    if float_references is not None:
+        assert spec.quant is not None
+        labels, leaves = [c.label for c in calls], [out["leaves"] for out in result["outputs"]]
+        record["quantization"] = quantization_error(labels, leaves, float_references, spec.quant.max_rel_error)
     if "replayed" in result:
         record["graphs"] = check_replayed(spec, [c.label for c in calls], references, result)
     if "bench" in result:

@@ -12,9 +12,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..errors import CompileError
 
@@ -29,6 +30,8 @@ class WeightTensor:
     aliases: list[str] = field(default_factory=list)
     # A package of several methods: the name each method's model binds it by.
     methods: dict[str, str] = field(default_factory=dict)
+    # A part of a quantized weight: {"from": the weight's FQN, "part": its attribute}
+    quantized: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         entry = {
@@ -48,6 +51,8 @@ class WeightTensor:
             entry["aliases"] = self.aliases
         if self.methods:
             entry["methods"] = self.methods
+        if self.quantized:
+            entry["quantized"] = self.quantized
         return entry
 
 
@@ -76,18 +81,58 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
 
 
-def program_tensors(program: torch.export.ExportedProgram) -> list[tuple[str, str, torch.Tensor]]:
-    """(name, kind, tensor) for every parameter, buffer and lifted constant."""
+class ProgramTensor(NamedTuple):
+    name: str  # as the package binds it
+    kind: str  # parameter | buffer | constant
+    tensor: torch.Tensor
+    owner: str  # the program's own name: `name`, or the quantized weight it is a part of
+    part: str | None = None  # that part's attribute (`qdata`, `scale`)
+
+
+def program_tensors(program: torch.export.ExportedProgram) -> list[ProgramTensor]:
+    """Every parameter, buffer and lifted constant, a quantized weight (a
+    tensor subclass) as the plain tensors it is made of."""
     sig = program.graph_signature
 
     def value(name: str) -> torch.Tensor:
         return program.state_dict[name] if name in program.state_dict else program.constants[name]
 
-    return (
-        [(n, "parameter", value(n)) for n in sig.parameters]
-        + [(n, "buffer", value(n)) for n in sig.buffers]
-        + [(n, "constant", value(n)) for n in sig.lifted_tensor_constants]
+    named = (
+        [(n, "parameter") for n in sig.parameters]
+        + [(n, "buffer") for n in sig.buffers]
+        + [(n, "constant") for n in sig.lifted_tensor_constants]
     )
+    return [entry for name, kind in named for entry in _plain_parts(name, kind, value(name))]
+
+
+def _plain_parts(name: str, kind: str, tensor: torch.Tensor) -> list[ProgramTensor]:
+    """A tensor subclass as AOTInductor binds it: its inner tensors, flattened
+    depth first by torch's own `UnwrapTensorSubclass` and named as that
+    parametrization names them (`fc.parametrizations.weight.original0`)."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [ProgramTensor(name, kind, tensor, name)]
+    from torch._functorch._aot_autograd.subclass_parametrization import SubclassCreationMeta, UnwrapTensorSubclass
+
+    unwrap = UnwrapTensorSubclass()
+    plain = unwrap.right_inverse(tensor)
+    parts: list[str] = []
+
+    def walk(meta: SubclassCreationMeta, path: list[str]) -> None:
+        for attr, inner in meta.attrs.items():
+            if isinstance(inner, SubclassCreationMeta):
+                walk(inner, [*path, attr])
+            else:
+                parts.append(".".join([*path, attr]))
+
+    walk(unwrap.subclass_meta, [])
+    if len(parts) != len(plain) or not all(type(t) is torch.Tensor for t in plain):
+        raise CompileError(f"{kind} '{name}' ({type(tensor).__name__}) holds parts that are not tensors")
+    owner, _, leaf = name.rpartition(".")
+    base = f"{owner}.parametrizations.{leaf}" if owner else f"parametrizations.{leaf}"
+    return [
+        ProgramTensor(f"{base}.original{i}", kind, t, name, part)
+        for i, (part, t) in enumerate(zip(parts, plain, strict=True))
+    ]
 
 
 _INDUCTOR_CONSTANT = re.compile(r"^_tensor_constant(\d+)$")
@@ -107,20 +152,28 @@ def match_package_tensors(
     # of the package, in-place ones constants it writes, bound to shared tensors.
     state_names = {prefix + name for name in state}
     package_fqns = [fqn for fqn in package_fqns if fqn not in state_names]
-    tensors = [t for t in program_tensors(program) if t[0] not in state_names]
-    by_name = {name: (kind, t) for name, kind, t in tensors}
+    tensors = [t for t in program_tensors(program) if t.owner not in state_names]
+    by_name = {t.name: t for t in tensors}
     matched = {
-        fqn: WeightTensor(fqn, *by_name[fqn], source=fqn.removeprefix(prefix)) for fqn in package_fqns if fqn in by_name
+        fqn: WeightTensor(
+            fqn,
+            by_name[fqn].kind,
+            by_name[fqn].tensor,
+            source=fqn.removeprefix(prefix),
+            quantized=None if by_name[fqn].part is None else _quantized(by_name[fqn], prefix),
+        )
+        for fqn in package_fqns
+        if fqn in by_name
     }
 
     # Inductor renames lifted constants `_tensor_constant<i>`, numbered in the
     # order the exported program lists them.
-    lifted = [name for name, kind, _ in tensors if kind == "constant" and name not in matched]
+    lifted = [t.name for t in tensors if t.kind == "constant" and t.name not in matched]
     for fqn in package_fqns:
         m = _INDUCTOR_CONSTANT.match(fqn)
         if fqn not in matched and m and int(m.group(1)) < len(lifted):
             source = lifted[int(m.group(1))]
-            matched[fqn] = WeightTensor(fqn, "constant", by_name[source][1], source=source.removeprefix(prefix))
+            matched[fqn] = WeightTensor(fqn, "constant", by_name[source].tensor, source=source.removeprefix(prefix))
     for name in program.graph_signature.non_persistent_buffers:
         for w in matched.values():
             if w.source == name.removeprefix(prefix):
@@ -137,13 +190,14 @@ def match_package_tensors(
     inlined: list[InlinedTensor] = []
     unused = unused_inputs(program)
     dropped: list[str] = []
-    for name, kind, tensor in tensors:
+    for name, kind, tensor, program_name, part in tensors:
         if name in sources:
             continue
         owner = next((w for w in matched.values() if _same_storage(w.tensor, tensor)), None)
         if owner is not None:  # export routes a tied weight's uses through one name
             owner.aliases.append(name.removeprefix(prefix))
-        elif name in unused and kind != "constant":  # never read: BatchNorm's num_batches_tracked in eval
+        elif (program_name in unused and kind != "constant") or part is not None:
+            # never read: BatchNorm's num_batches_tracked in eval, int8's all-zero zero_point
             dropped.append(name.removeprefix(prefix))
         elif kind == "constant":
             inlined.append(InlinedTensor(name.removeprefix(prefix), tensor))
@@ -153,6 +207,11 @@ def match_package_tensors(
                 "inlined or dropped it, so it could not be listed or replaced"
             )
     return [matched[fqn] for fqn in sorted(matched)], inlined, sorted(dropped)
+
+
+def _quantized(tensor: ProgramTensor, prefix: str) -> dict[str, str]:
+    assert tensor.part is not None
+    return {"from": tensor.owner.removeprefix(prefix), "part": tensor.part}
 
 
 def union_of_methods(
@@ -177,6 +236,7 @@ def union_of_methods(
                     tensor.source,
                     tensor.persistent,
                     list(tensor.aliases),
+                    quantized=tensor.quantized,
                 )
                 union.append(same)
             same.methods[method] = tensor.fqn

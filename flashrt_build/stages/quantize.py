@@ -1,0 +1,171 @@
+"""Stage 2b: quantize the module's weights by the config's recipe (`quant`),
+with torchao, after its checkpoint is loaded and before export.
+
+Each Linear module is decided by the first rule whose pattern matches its
+FQN: quantized with that rule's torchao config, or kept (`skip`). The
+package then binds each quantized weight as the plain tensors it is made of
+(`weights.py`), and verification compares the package with this quantized
+module: the compile must add no error of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import importlib.metadata
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ..config.quant import SKIP, QuantRecipe, QuantRule
+from ..config.spec import BuildSpec
+from ..errors import ConfigError, first_lines, raise_all
+from ..runtime.dtypes import dtype_name
+from .progress import Stage
+
+# String values of config arguments that name torchao objects (YAML has no objects).
+GRANULARITIES = {"per_row": "PerRow", "per_tensor": "PerTensor"}
+
+
+def torchao_version() -> str | None:
+    try:
+        return importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torchao_configs(recipe: QuantRecipe, device: str) -> list[Any]:
+    """Each rule's torchao config object (None for `skip`): an unknown class,
+    wrong arguments or a GPU that lacks the recipe's kernels are ConfigErrors
+    naming the rule's key, before anything is built."""
+    try:
+        import torchao.quantization as quantization
+    except ImportError as exc:
+        raise ConfigError(
+            "quant",
+            recipe.name,
+            f"needs torchao, which does not import here ({first_lines(exc, 1)}): pip install torchao",
+        ) from None
+    from torchao.core.config import AOBaseConfig
+
+    problems: list[ConfigError] = []
+    if recipe.min_capability is not None and device.startswith("cuda"):
+        have = torch.cuda.get_device_capability(torch.device(device))
+        if have < recipe.min_capability:
+            problems.append(
+                ConfigError(
+                    "quant",
+                    recipe.name,
+                    f"needs a GPU of compute capability {'.'.join(map(str, recipe.min_capability))} or later "
+                    f"(quant.min_capability); {torch.cuda.get_device_name(torch.device(device))} has "
+                    f"{'.'.join(map(str, have))}",
+                )
+            )
+    configs = []
+    for rule in recipe.rules:
+        if rule.config == SKIP:
+            configs.append(None)
+            continue
+        cls = getattr(quantization, rule.config, None)
+        if not (isinstance(cls, type) and issubclass(cls, AOBaseConfig)):
+            known = sorted(n for n in dir(quantization) if n.endswith("Config") and not n.startswith("_"))
+            problems.append(
+                ConfigError(
+                    f"{rule.key}.config",
+                    rule.config,
+                    f"not a config of torchao.quantization {torchao_version()} (or '{SKIP}'); "
+                    f"it has {', '.join(known)}",
+                )
+            )
+            configs.append(None)
+            continue
+        try:
+            configs.append(cls(**_arguments(rule.args, quantization)))
+        except (TypeError, ValueError) as exc:
+            problems.append(ConfigError(f"{rule.key}.args", dict(rule.args), f"{rule.config}: {first_lines(exc, 1)}"))
+            configs.append(None)
+    raise_all(problems)
+    return configs
+
+
+def _arguments(args: Mapping[str, Any], quantization: Any) -> dict[str, Any]:
+    """`granularity: per_row` is torchao's `PerRow()`."""
+    return {
+        key: getattr(quantization, GRANULARITIES[value])()
+        if key == "granularity" and isinstance(value, str) and value in GRANULARITIES
+        else value
+        for key, value in args.items()
+    }
+
+
+def decide(module: torch.nn.Module, recipe: QuantRecipe, target: str) -> dict[str, QuantRule]:
+    """Each Linear module's FQN and the rule that decides it (the first that
+    matches). A rule that decides nothing is an error unless optional: a
+    mistyped pattern would quietly quantize what it meant to keep."""
+    linears = [name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    decided: dict[str, QuantRule] = {}
+    for name in linears:
+        rule = next((r for r in recipe.rules if fnmatch.fnmatchcase(name, r.pattern)), None)
+        if rule is not None:
+            decided[name] = rule
+    idle = [r for r in recipe.rules if not r.optional and r not in decided.values()]
+    raise_all(
+        [
+            ConfigError(
+                f"{r.key}.pattern",
+                r.pattern,
+                f"decides no Linear module of {target} (matched by none, or each by an earlier rule); "
+                f"its Linear modules: {', '.join(linears[:6]) or 'none'}{' ...' if len(linears) > 6 else ''}",
+            )
+            for r in idle
+        ]
+    )
+    return decided
+
+
+def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, torch.nn.Parameter]]:
+    """Quantize `module` in place by `spec.quant`: the float weights it
+    replaced, by module FQN (verification measures the quantization error
+    against them), and the manifest's `quant` section."""
+    from torchao.quantization import quantize_
+
+    recipe = spec.quant
+    assert recipe is not None
+    configs = torchao_configs(recipe, spec.device)
+    decided = decide(module, recipe, spec.target)
+    originals = {name: module.get_submodule(name).weight for name, r in decided.items() if r.config != SKIP}
+    section = {
+        **recipe.to_json(),
+        "torchao": torchao_version(),
+        # each Linear's rule, and its float weight as a checkpoint holds it (what `check` compares)
+        "modules": {
+            name: {
+                "rule": recipe.rules.index(r),
+                "config": r.config,
+                "shape": list(module.get_submodule(name).weight.shape),
+                "dtype": dtype_name(module.get_submodule(name).weight.dtype),
+            }
+            for name, r in decided.items()
+        },
+    }
+    for rule, config in zip(recipe.rules, configs, strict=True):
+        chosen = {name for name, r in decided.items() if r is rule}
+        if config is not None and chosen:
+            quantize_(module, config, filter_fn=lambda _, fqn, chosen=chosen: fqn in chosen)
+    quantized = len(originals)
+    note = f"{recipe.name}: {quantized} Linear modules quantized, {len(decided) - quantized} kept"
+    return Stage(originals, note, {"quant": section})
+
+
+@contextlib.contextmanager
+def float_weights(module: torch.nn.Module, originals: Mapping[str, torch.nn.Parameter]) -> Iterator[None]:
+    """The module as it was before quantization, for the length of the block."""
+    quantized = {name: module.get_submodule(name).weight for name in originals}
+    try:
+        for name, weight in originals.items():
+            module.get_submodule(name).weight = weight
+        yield
+    finally:
+        for name, weight in quantized.items():
+            module.get_submodule(name).weight = weight
