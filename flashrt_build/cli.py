@@ -30,7 +30,7 @@ log = logging.getLogger("flashrt_build")
 
 # Overrides that pick a group, or say where to build and how to check it (the
 # key's cosmetic keys); any other override makes a variant with its own directory.
-_NAMING_KEYS = {"module", "target", "inductor", "weights", *COSMETIC_KEYS}
+_NAMING_KEYS = {"module", "target", "inductor", "quant", "weights", *COSMETIC_KEYS}
 
 # Exit codes of the jobs this process ran (one in a run, several in a sweep).
 _job_codes: list[int] = []

@@ -320,13 +320,16 @@ def _resolve_renames(
 def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
     """The build's output directory: `output_dir`, or one derived from choices.
 
-    Derived: `<output_root>/<module>/<target>-<weights>-<inductor>[-<variant>]`,
-    never a timestamp, so a rebuild lands where the last one did.
+    Derived: `<output_root>/<module>/<target>-<weights>-<inductor>[-<quant>][-<variant>]`
+    (the quant recipe unless `none`), never a timestamp, so a rebuild lands
+    where the last one did.
     """
     root = (cwd / config["output_root"]).resolve()
     if config.get("output_dir"):
         return (cwd / config["output_dir"]).resolve()
     parts = [config["target"]["name"], str(config["weights"]), config["inductor"]["name"]]
+    if config.get("quant", {}).get("name", "none") != "none":
+        parts.append(config["quant"]["name"])
     if config.get("variant"):
         parts.append(config["variant"])
     leaf = "-".join(parts)

@@ -6,6 +6,7 @@ GPU-only recipes (int4, float8) are refused here as config errors."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,10 @@ def trained_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Te
     return path, cycle
 
 
+def nbytes(shape: list[int], dtype: str) -> int:
+    return math.prod(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+
+
 def build_lm(out: Path, checkpoint: Path, *overrides: str) -> flashrt_build.BuildResult:
     overrides = ("+module=tiny_lm", "quant=int8_wo", "weights=external", f"module.checkpoint={checkpoint}", *overrides)
     return flashrt_build.build(compose([*overrides, f"output_dir={out}", f"output_root={out.parent}"]))
@@ -167,8 +172,15 @@ def test_a_trained_lm_quantized_to_int8_generates_the_float_models_tokens(
 ) -> None:
     quantization = lm_int8.manifest["verification"]["quantization"]
     assert quantization["top1_agreement"] == 1.0 and quantization["max_rel_err"] < 0.05
-    sidecar = {t["fqn"]: t for t in lm_int8.manifest["weights"]["tensors"]}
-    assert sidecar["head.parametrizations.weight.original0"]["dtype"] == "int8"
+    tensors = lm_int8.manifest["weights"]["tensors"]
+    assert {t["fqn"]: t for t in tensors}["head.parametrizations.weight.original0"]["dtype"] == "int8"
+    # bytes bound, against the float weights they replaced (the embeddings and norms stay float32)
+    quantized_bytes = sum(nbytes(t["shape"], t["dtype"]) for t in tensors)
+    modules = lm_int8.manifest["quant"]["modules"].values()
+    float_bytes = sum(nbytes(t["shape"], t["dtype"]) for t in tensors if not t.get("quantized")) + sum(
+        nbytes(m["shape"], m["dtype"]) for m in modules if m["config"] != "skip"
+    )
+    assert quantized_bytes < 0.45 * float_bytes
     float_lm = instantiate_module(resolve_spec(compose(["+module=tiny_lm", f"module.checkpoint={trained_lm[0]}"])))
     prompt = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
     expected = eager_greedy(float_lm, prompt, 40)
@@ -227,3 +239,8 @@ def test_a_package_past_the_recipes_error_bound_is_not_published(
         build_lm(out, trained_lm[0], "quant.max_rel_error=1e-6")
     assert compiler.call_count == 0  # the bound judges the package, it is no part of its key
     assert not out.exists() and not list(out.parent.glob(".staging-*"))
+
+
+def test_a_quantized_build_lands_beside_the_float_one() -> None:
+    assert resolve_spec(compose(["+module=mlp"])).output_dir.name == "cpu-baked-default"
+    assert spec_of().output_dir.name == "cpu-baked-default-int8_wo"
