@@ -133,6 +133,20 @@ def test_cpp_output_equals_python_load_on_an_external_package(
     torch.testing.assert_close(out["logits"], flashrt_build.load(gpt2_external_build.output_dir)(ids).logits)
 
 
+def test_cpp_serves_an_int8_package_as_python_does(
+    cpp_tools: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """A quantized package binds plain int8 and float tensors from its sidecar: no torchao in C++."""
+    out = tmp_path_factory.mktemp("mlp_int8_ext") / "out"
+    built = flashrt_build.build(
+        compose(["+module=mlp", "quant=int8_wo", "weights=external", f"output_dir={out}", f"output_root={out.parent}"])
+    )
+    assert any(t.get("quantized") and t["dtype"] == "int8" for t in built.manifest["weights"]["tensors"])
+    proc, got = cpp_run(cpp_tools, out, {"x": mlp_x(5)}, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(got["output"], flashrt_build.load(out)(mlp_x(5)))
+
+
 def rechunk(directory: Path, chunk_bytes: int) -> None:
     """Record the package's and sidecar's digests in chunks of `chunk_bytes`,
     so files of a few MB take the many-chunk, many-thread path."""
