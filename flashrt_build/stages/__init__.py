@@ -4,6 +4,7 @@ value, its manifest sections and its log note.
 
     preflight.py      1. the config's checks that need torch: options, device, method names, targets
     module.py         2. instantiate the module (checkpoint.py: load its weights strictly), cast it
+    quantize.py          quantize its Linear weights by the `quant` recipe (torchao)
     domain.py         3. the config's inputs against the eager module, before the compile
     inputs.py            seeded example inputs and torch.export dynamic shapes
     export.py         4. torch.export: one graph per method or an error naming the cause
