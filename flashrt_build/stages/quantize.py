@@ -11,6 +11,7 @@ module: the compile must add no error of its own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import importlib.metadata
 from collections.abc import Iterator, Mapping
@@ -80,8 +81,22 @@ def torchao_configs(recipe: QuantRecipe, device: str) -> list[Any]:
             )
             configs.append(None)
             continue
+        if "set_inductor_config" in rule.args:
+            problems.append(
+                ConfigError(
+                    f"{rule.key}.args.set_inductor_config",
+                    rule.args["set_inductor_config"],
+                    "torchao would set Inductor options for the whole process, unrecorded; flashrt_build turns it off. "
+                    "Give the options in quant.inductor.options (or .methods.NAME): the manifest records them",
+                )
+            )
+            configs.append(None)
+            continue
+        arguments = _arguments(rule.args, quantization)
+        if dataclasses.is_dataclass(cls) and "set_inductor_config" in {f.name for f in dataclasses.fields(cls)}:
+            arguments["set_inductor_config"] = False  # its options are the recipe's, explicit and recorded
         try:
-            configs.append(cls(**_arguments(rule.args, quantization)))
+            configs.append(cls(**arguments))
         except (TypeError, ValueError) as exc:
             problems.append(ConfigError(f"{rule.key}.args", dict(rule.args), f"{rule.config}: {first_lines(exc, 1)}"))
             configs.append(None)

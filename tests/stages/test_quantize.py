@@ -79,15 +79,28 @@ def test_unknown_torchao_configs_and_wrong_arguments_name_their_rule() -> None:
     spec = spec_of("quant.rules=[{pattern: '*', config: Int8WeightOnlyConfig, args: {group_sizes: 4}}]")
     with pytest.raises(ConfigError, match=r"quant.rules\[0\].args' = \{'group_sizes': 4\}: Int8WeightOnlyConfig: "):
         torchao_configs(spec.quant, spec.device)
+    spec = spec_of("quant.rules=[{pattern: '*', config: Int8WeightOnlyConfig, args: {set_inductor_config: true}}]")
+    with pytest.raises(ConfigError, match=r"set_inductor_config' = True: torchao would set Inductor options for the"):
+        torchao_configs(spec.quant, spec.device)
     with pytest.raises(ConfigError, match=r"quant.rules\[0\].args.*a 'skip' rule takes no args"):
         spec_of("quant.rules=[{pattern: '*', config: skip, args: {x: 1}}]")
+
+
+def test_a_recipes_inductor_options_are_explicit_and_the_groups_own_win() -> None:
+    assert spec_of().inductor_options["force_fuse_int_mm_with_mul"] is True
+    assert (
+        spec_of("+inductor.options.force_fuse_int_mm_with_mul=false").inductor_options["force_fuse_int_mm_with_mul"]
+        is False
+    )
+    (config,) = [c for c in torchao_configs(spec_of().quant, "cpu") if c is not None]
+    assert config.set_inductor_config is False  # torchao would set them for the process, unrecorded
 
 
 def test_a_quantized_weight_is_listed_as_the_parts_the_package_binds() -> None:
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     module = MLP().eval()
-    quantize_(module, Int8WeightOnlyConfig())
+    quantize_(module, Int8WeightOnlyConfig(set_inductor_config=False))
     program = torch.export.export(module, (torch.randn(2, 16),))
     parts = {t.name: (t.owner, t.part, t.tensor.dtype) for t in program_tensors(program) if t.part}
     assert parts["fc1.parametrizations.weight.original0"] == ("fc1.weight", "qdata", torch.int8)
@@ -120,6 +133,8 @@ def mlp_int8(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildRes
 @pytest.mark.slow
 def test_an_int8_package_verifies_and_its_manifest_says_what_was_quantized(mlp_int8: flashrt_build.BuildResult) -> None:
     manifest = mlp_int8.manifest
+    assert manifest["inductor"]["options"]["coordinate_descent_tuning"] is True  # the recipe's, recorded
+    assert torch._inductor.config.coordinate_descent_tuning is False  # and never set for the whole process
     quant = manifest["quant"]
     assert quant["name"] == "int8_wo" and quant["torchao"] == torchao_version() == manifest["toolchain"]["torchao"]
     assert quant["modules"]["fc1"] == {
