@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import RESULTS, cli_build, publish, table  # noqa: E402
+from report import RESULTS, build_root, cli_build, publish, table  # noqa: E402
 from serve_llm import ratio, timed  # noqa: E402
 
 import flashrt_build  # noqa: E402
@@ -47,7 +46,15 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=50, help="steps per timed sample")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=RECIPE[,OVERRIDE...]",
+        help="also build RECIPE with these overrides, under LABEL (e.g. int8_pm=int8_wo,quant.inductor.methods={})",
+    )
     parser.add_argument("--out-name", default="quant_llm")
+    parser.add_argument("--work", help="build here and keep the builds (a rerun reuses them); default: a temp dir")
     args = parser.parse_args()
     size = dict(pair.split("=") for pair in args.size.split(","))
     overrides = ["+module=tiny_lm", f"target={args.target}", "weights=external", f"inductor={args.inductor}"]
@@ -59,14 +66,19 @@ def main() -> None:
         f"module.methods.decode.inputs.position.high={size['max_len']}",
     ]
     recipes = [args.baseline, *(r for r in args.recipes.split(",") if r and r != args.baseline)]
+    builds = {recipe: [f"quant={recipe}"] for recipe in recipes}
+    for variant in args.variant:
+        label, _, spec = variant.partition("=")
+        recipe, *extra = spec.split(",")
+        builds[label] = [f"quant={recipe}", *extra]
     device = torch.device(args.target)
     results: dict[str, Any] = {"recipes": {}}
-    with tempfile.TemporaryDirectory() as root:
+    with build_root(args.work) as root:
         built = {}
-        for recipe in recipes:
-            out, manifest, seconds = cli_build([*overrides, f"quant={recipe}", f"output_dir={root}/{recipe}"], root)
+        for recipe, own in builds.items():
+            out, manifest, seconds = cli_build([*overrides, *own, f"output_dir={root}/{recipe}"], root)
             built[recipe] = out
-            results["recipes"][recipe] = summary(manifest, seconds)
+            results["recipes"][recipe] = {**summary(manifest, seconds), "overrides": own}
         loaded = {recipe: flashrt_build.load(out, cuda_graphs=device.type == "cuda") for recipe, out in built.items()}
         prompt = torch.randint(0, int(size["vocab"]), (1, args.prompt), generator=torch.Generator().manual_seed(0))
         prompt = prompt.to(device)
@@ -82,8 +94,11 @@ def main() -> None:
         entry["decode_ratio"] = ratio(results, "decode_ms", recipe, args.baseline)
         entry["prefill_ratio"] = ratio(results, "prefill_ms", recipe, args.baseline)
     (RESULTS / f"{args.out_name}.json").write_text(json.dumps(results, indent=2))
-    command = f"CXX=g++-12 python bench/quant_llm.py --recipes {args.recipes}" + (
-        f" --inductor {args.inductor}" if args.inductor != "default" else ""
+    command = (
+        f"CXX=g++-12 python bench/quant_llm.py --recipes {args.recipes}"
+        + (f" --inductor {args.inductor}" if args.inductor != "default" else "")
+        + (f" --size {args.size}" if args.size != parser.get_default("size") else "")
+        + "".join(f" --variant '{v}'" for v in args.variant)
     )
     publish(RESULTS / f"{args.out_name}.md", "Quantized packages against bf16", command, report(results, args))
 

@@ -8,6 +8,7 @@ Bench scripts run as `python bench/NAME.py`, which puts this folder on sys.path.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -61,6 +62,18 @@ def cli_build(overrides: Sequence[str], root: str | Path) -> tuple[Path, dict, f
         else next(p.parent for p in Path(root).rglob("manifest.json") if ".store" not in p.parts)
     )
     return out, json.loads((out / "manifest.json").read_text()), seconds
+
+
+def build_root(work: str | None) -> AbstractContextManager[str]:
+    """Where a bench builds: `work` when given (kept, so a later run finds its
+    builds in the cache and a run split over several commands repeats no
+    compile), else a temporary directory removed afterwards."""
+    import tempfile
+
+    if work:
+        Path(work).mkdir(parents=True, exist_ok=True)
+        return nullcontext(str(Path(work).resolve()))
+    return tempfile.TemporaryDirectory()
 
 
 def memory_used(device: str) -> int:

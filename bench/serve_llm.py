@@ -29,7 +29,6 @@ import math
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +40,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import RESULTS, alternate, cli_build, publish, table  # noqa: E402
+from report import RESULTS, alternate, build_root, cli_build, publish, table  # noqa: E402
 
 import flashrt_build  # noqa: E402
 from flashrt_build.config.compose import compose  # noqa: E402
@@ -66,6 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-cpp", action="store_true", help="skip flashrt-generate")
     parser.add_argument("--out-name", default="serve_llm")
+    parser.add_argument("--work", help="build here and keep the builds (a rerun reuses them); default: a temp dir")
     parser.add_argument(
         "--vs-inductor",
         metavar="PROFILE",
@@ -86,7 +86,7 @@ def main() -> None:
     device = torch.device(args.target)
     # flashrt-generate builds beside the package (CMake and the compile each take minutes on a GPU machine)
     tool = None if args.no_cpp else ThreadPoolExecutor(1).submit(cpp_generate_tool)
-    with tempfile.TemporaryDirectory() as root:
+    with build_root(args.work) as root:
         out, manifest, build_s = cli_build([*overrides, f"output_dir={root}/{args.inductor}"], root)
         other = None
         if args.vs_inductor:

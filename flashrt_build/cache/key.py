@@ -112,13 +112,22 @@ def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
         config = own["config"]
         # Its compile's options, not the profile's name: a profile that
         # changes only decode's options leaves prefill's key as it was.
-        inductor = config["inductor"]
-        own_options = {"options": inductor["options"], "methods": {name: inductor.get("methods", {}).get(name)}}
-        own["config"] = {**config, "module": {**config["module"], "methods": {name: method}}, "inductor": own_options}
+        own["config"] = {
+            **config,
+            "module": {**config["module"], "methods": {name: method}},
+            "inductor": _own_options(config["inductor"], name),
+            "quant": {**config["quant"], "inductor": _own_options(config["quant"].get("inductor") or {}, name)},
+        }
         if ingredients["config"]["weights"] == "baked":
             own["weights"] = ingredients["weights"]
         keys[name] = canonical_sha256({"method": name, **own})
     return keys
+
+
+def _own_options(inductor: dict[str, Any], method: str) -> dict[str, Any]:
+    """An Inductor section as one method's compile sees it: the options for
+    all methods and its own, not the other methods'."""
+    return {"options": inductor.get("options"), "methods": {method: (inductor.get("methods") or {}).get(method)}}
 
 
 def changed_ingredients(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
