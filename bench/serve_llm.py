@@ -175,7 +175,9 @@ def measure(
         kernels = count_kernels(lambda: plain.decode(token, position), device)
         results: dict[str, Any] = {"decode_kernels": kernels}
         if tuned is not None:
-            results["vs_inductor_decode_kernels"] = count_kernels(lambda: tuned.decode(token, position), device)
+            tuned_plain = flashrt_build.load(other, cuda_graphs=False)
+            results["vs_inductor_decode_kernels"] = count_kernels(lambda: tuned_plain.decode(token, position), device)
+            del tuned_plain
         results["decode_ms"] = timed(decode, args, device)
         results["prefill_ms"] = timed(prefill, args, device, steps=max(2, args.steps // 5))
         results["generation"] = generation(args, eager, reduce_overhead, replayed, plain, prompt, out, cpp)
@@ -212,7 +214,8 @@ def raw_replay(out: Path, manifest: dict[str, Any], loaded: Any, inputs: list[to
 
 
 def count_kernels(step: Callable[[], Any], device: torch.device) -> int | None:
-    """CUDA kernels one plain decode step launches."""
+    """CUDA kernels one plain decode step launches (of a package loaded
+    without graphs: a graph captured under the profiler replayed garbage)."""
     if device.type != "cuda":
         return None
     step()
