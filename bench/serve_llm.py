@@ -231,10 +231,13 @@ def timed(
 ) -> dict[str, Any]:
     """ms per step of each variant: samples of `steps` steps back to back, alternating."""
     steps = steps or args.steps
-    for step in variants.values():  # warm-up: first calls, captures, autotuning
+    for name, step in variants.items():  # warm-up: first calls, captures, autotuning
         for _ in range(3):
             step()
-    sync()
+        try:
+            sync()
+        except RuntimeError as error:  # a device-side assert surfaces here: name whose step it was
+            raise RuntimeError(f"variant {name!r} failed in its warm-up") from error
 
     def sample(step: Callable[[], Any]) -> Callable[[], float]:
         def run() -> float:
