@@ -209,8 +209,16 @@ def raw_replay(out: Path, manifest: dict[str, Any], loaded: Any, inputs: list[to
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        runner.loader.boxed_run(list(static))
-    return graph.replay
+        outputs = runner.loader.boxed_run(list(static))
+    # The graph reads and writes these addresses: freed, the allocator hands
+    # them to other tensors and a replay reads garbage (a device-side assert).
+    alive = (runner, own, static, outputs)
+
+    def replay() -> None:
+        assert alive
+        graph.replay()
+
+    return replay
 
 
 def count_kernels(step: Callable[[], Any], device: torch.device) -> int | None:
