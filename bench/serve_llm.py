@@ -7,7 +7,9 @@ generation (prompt + new tokens) in Python, in C++ (flashrt-generate) and
 through torch.compile, with the tokens compared with eager's.
 
     CXX=g++-12 python bench/serve_llm.py                      # H200: tiny_lm at 1.2B, bf16, external weights
-    CXX=g++-12 python bench/serve_llm.py --inductor decode --out-name serve_llm_decode
+    CXX=g++-12 python bench/serve_llm.py --no-cpp --out-name serve_llm_decode --vs-name coordinate-descent \\
+        --vs '+inductor.methods.decode={coordinate_descent_tuning: true,
+              coordinate_descent_check_all_directions: true, aggressive_fusion: true}'
     python bench/serve_llm.py --target cpu --size dim=64,heads=4,layers=2,vocab=256,max_len=64 \\
         --prompt 16 --new 8 --steps 5 --rounds 2              # a smoke run
 
@@ -67,10 +69,13 @@ def main() -> None:
     parser.add_argument("--out-name", default="serve_llm")
     parser.add_argument("--work", help="build here and keep the builds (a rerun reuses them); default: a temp dir")
     parser.add_argument(
-        "--vs-inductor",
-        metavar="PROFILE",
-        help="also build with this Inductor profile (its unchanged methods reused) and time its decode side by side",
+        "--vs",
+        action="append",
+        default=[],
+        metavar="OVERRIDE",
+        help="also build with this override (repeatable; unchanged methods reused) and time its decode side by side",
     )
+    parser.add_argument("--vs-name", default="tuned", help="what the --vs build is called in the report")
     args = parser.parse_args()
     size = dict(pair.split("=") for pair in args.size.split(","))
     args.vocab = int(size["vocab"])
@@ -89,15 +94,15 @@ def main() -> None:
     with build_root(args.work) as root:
         out, manifest, build_s = cli_build([*overrides, f"output_dir={root}/{args.inductor}"], root)
         other = None
-        if args.vs_inductor:
-            other_overrides = [*overrides, f"inductor={args.vs_inductor}", f"output_dir={root}/{args.vs_inductor}"]
-            other = cli_build(other_overrides, root)
+        if args.vs:
+            other = cli_build([*overrides, *args.vs, f"output_dir={root}/{args.vs_name}"], root)
         cpp = None if tool is None else tool.result()
         results = measure(args, out, manifest, overrides, device, cpp, other and other[0])
     results["build_s"] = build_s
     if other is not None:
-        results["vs_inductor"] = {
-            "profile": args.vs_inductor,
+        results["vs"] = {
+            "name": args.vs_name,
+            "overrides": args.vs,
             "build_s": other[2],
             "compile_s": {k: v for k, v in other[1]["timings"].items() if k.startswith("compile")},
             "compiled": {name: m["compiled"] for name, m in other[1]["methods"].items()},
@@ -107,16 +112,21 @@ def main() -> None:
     results["compile_s"] = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
     results["verification_graphs"] = manifest["verification"].get("graphs")
     (RESULTS / f"{args.out_name}.json").write_text(json.dumps(results, indent=2))
-    command = "CXX=g++-12 python bench/serve_llm.py" + "".join(
-        f" {flag} {value}"
-        for flag, value, default in (
-            ("--inductor", args.inductor, "default"),
-            ("--rounds", args.rounds, 3),
-            ("--steps", args.steps, 50),
-            ("--out-name", args.out_name, "serve_llm"),
-            ("--vs-inductor", args.vs_inductor, None),
+    command = (
+        "CXX=g++-12 python bench/serve_llm.py"
+        + "".join(
+            f" {flag} {value}"
+            for flag, value, default in (
+                ("--inductor", args.inductor, "default"),
+                ("--rounds", args.rounds, 3),
+                ("--steps", args.steps, 50),
+                ("--out-name", args.out_name, "serve_llm"),
+                ("--vs-name", args.vs_name, "tuned"),
+            )
+            if value != default
         )
-        if value != default
+        + (" --no-cpp" if args.no_cpp else "")
+        + "".join(f" --vs '{override}'" for override in args.vs)
     )
     publish(RESULTS / f"{args.out_name}.md", "Serving an LLM: CUDA-graph replay against torch.compile", command,
             report(results, manifest, args))  # fmt: skip
@@ -162,9 +172,7 @@ def measure(
     tuned = None
     if other is not None:  # bound to the same cache: each variant's step writes the same position
         tuned = flashrt_build.load(other, cuda_graphs=on_gpu)
-        decode[f"package inductor={args.vs_inductor}, graphs, trusted"] = lambda: tuned.decode.run_trusted(
-            token, position
-        )
+        decode[f"package {args.vs_name}, graphs, trusted"] = lambda: tuned.decode.run_trusted(token, position)
     prefill = {
         "eager": lambda: eager(prompt),
         "torch.compile reduce-overhead": lambda: compiled("prefill")(prompt),
@@ -176,7 +184,7 @@ def measure(
         results: dict[str, Any] = {"decode_kernels": kernels}
         if tuned is not None:
             tuned_plain = flashrt_build.load(other, cuda_graphs=False)
-            results["vs_inductor_decode_kernels"] = count_kernels(lambda: tuned_plain.decode(token, position), device)
+            results["vs_decode_kernels"] = count_kernels(lambda: tuned_plain.decode(token, position), device)
             del tuned_plain
         results["decode_ms"] = timed(decode, args, device)
         results["prefill_ms"] = timed(prefill, args, device, steps=max(2, args.steps // 5))
@@ -391,11 +399,11 @@ def report(results: dict[str, Any], manifest: dict[str, Any], args: argparse.Nam
         ("prefill: graphs / plain package call", "prefill_ms", checked, plain),
         ("prefill: graphs / torch.compile reduce-overhead", "prefill_ms", checked, compare),
     ]
-    if results.get("vs_inductor"):
-        tuned = f"package inductor={args.vs_inductor}, graphs, trusted"
-        ratios.insert(0, (f"decode: inductor={args.vs_inductor} / inductor={args.inductor} (graphs, trusted)",
+    if results.get("vs"):
+        tuned = f"package {args.vs_name}, graphs, trusted"
+        ratios.insert(0, (f"decode: {args.vs_name} / inductor={args.inductor} (graphs, trusted)",
                           "decode_ms", tuned, trusted))  # fmt: skip
-        ratios.insert(1, (f"decode: inductor={args.vs_inductor} (graphs) / torch.compile reduce-overhead",
+        ratios.insert(1, (f"decode: {args.vs_name} (graphs) / torch.compile reduce-overhead",
                           "decode_ms", tuned, compare))  # fmt: skip
     if raw in results["decode_ms"]:
         ratios.insert(3, ("decode: loader's replay (trusted) / raw replay", "decode_ms", trusted, raw))
@@ -421,12 +429,13 @@ def report(results: dict[str, Any], manifest: dict[str, Any], args: argparse.Nam
         rows,
         "lrrrrrl",
     )
-    if results.get("vs_inductor"):
-        v = results["vs_inductor"]
+    if results.get("vs"):
+        v = results["vs"]
         compiles = ", ".join(f"{k} {s:.0f} s" for k, s in v["compile_s"].items()) or "nothing compiled"
         text += (
-            f"\ninductor={v['profile']}: built in {v['build_s']:.0f} s ({compiles}; methods {v['compiled']}), "
-            f"verified: {v['verification_passed']}; {results['vs_inductor_decode_kernels']} kernels in a plain "
+            f"\n{v['name']} ({' '.join(v['overrides'])}): built in {v['build_s']:.0f} s ({compiles}; "
+            f"methods {v['compiled']}), "
+            f"verified: {v['verification_passed']}; {results['vs_decode_kernels']} kernels in a plain "
             f"decode step; per-method options {v['inductor_options']}.\n"
         )
     if results.get("verification_graphs"):

@@ -188,13 +188,14 @@ def test_inductor_options_are_flattened() -> None:
 
 
 def test_options_for_one_method_name_a_method_of_the_module() -> None:
-    spec = resolve_spec(compose(["+module=tiny_lm", "inductor=decode"]))
+    decode = "+inductor.methods.decode.coordinate_descent_tuning=true"
+    spec = resolve_spec(compose(["+module=tiny_lm", decode]))
     assert spec.method_inductor_options["decode"]["coordinate_descent_tuning"] is True
     assert "coordinate_descent_tuning" not in spec.inductor_options and "prefill" not in spec.method_inductor_options
     with pytest.raises(
         ConfigError, match=r"inductor.methods.decode' = .*not a method of this module; its methods: forward"
     ):
-        spec_of("inductor=decode")  # the mlp has one method, its forward
+        spec_of(decode)  # the mlp has one method, its forward
 
 
 def test_allowed_targets_refuse_other_targets_before_import() -> None:

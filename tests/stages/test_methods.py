@@ -129,11 +129,16 @@ def test_changing_one_methods_inputs_recompiles_that_method_only(lm_build: flash
 
 
 @pytest.mark.slow
-def test_a_profile_for_one_method_compiles_that_method_only(lm_build: flashrt_build.BuildResult) -> None:
-    """`inductor=decode` tunes decode alone: prefill keeps the default options, so its model is reused."""
+def test_options_for_one_method_compile_that_method_only(lm_build: flashrt_build.BuildResult) -> None:
+    """`inductor.methods.decode` tunes decode alone: prefill keeps the default options, so its model is reused."""
     out = lm_build.output_dir.parent / "decode-profile"
     with mock.patch.object(compiled, "compile_package", wraps=compiled.compile_package) as compiler:
-        tuned = build("+module=tiny_lm", "weights=external", "inductor=decode", output_dir=out)
+        tuned = build(
+            "+module=tiny_lm",
+            "weights=external",
+            "+inductor.methods.decode={coordinate_descent_tuning: true, coordinate_descent_check_all_directions: true}",
+            output_dir=out,
+        )
     assert compiler.call_count == 1 and "method decode" in compiler.call_args.args[3]
     profile = {"coordinate_descent_tuning": True, "coordinate_descent_check_all_directions": True}
     assert profile.items() <= compiler.call_args.args[1].items()  # what the compile was given
