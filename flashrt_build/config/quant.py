@@ -78,5 +78,5 @@ def resolve_quant(quant: Mapping[str, Any], device: str, problems: list[ConfigEr
         rules=tuple(rules),
         devices=devices,
         min_capability=tuple(capability) if capability else None,
-        max_rel_error=quant.get("max_rel_error"),
+        max_rel_error=bound,
     )

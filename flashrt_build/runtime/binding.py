@@ -18,7 +18,7 @@ from ..errors import WeightsMismatch
 from .checkpoint import as_argument, compare, laid_out, read_all, read_checkpoint
 from .dtypes import dtype_name
 from .hashing import check_file
-from .manifest import manifest_methods, method_bindings, state_mode
+from .manifest import manifest_methods, method_bindings, quantized_originals, state_mode
 
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
@@ -26,8 +26,8 @@ WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 def _quantized_hint(manifest: dict[str, Any], problems: dict[str, list[str]]) -> str:
     """What to do when float weights meet a quantized package."""
     quant = manifest.get("quant")
-    originals = {e["quantized"]["from"] for e in manifest["weights"]["tensors"] if e.get("quantized")}
-    if not quant or not originals & set(problems.get("unexpected", [])):
+    originals = quantized_originals(manifest["weights"]["tensors"])
+    if not quant or not set(originals) & set(problems.get("unexpected", [])):
         return ""
     return (
         f". The package's weights are quantized (quant={quant['name']}): it binds their parts, not float weights. "

@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigError, WeightsMismatch, first_lines
 from .dtypes import FLOATING, SAFETENSORS, dtype_name
 from .formats import Checkpoint, checkpoint_format, resolve_checkpoint
-from .manifest import read_manifest
+from .manifest import quantized_originals, read_manifest
 
 
 def read_checkpoint(
@@ -274,8 +274,7 @@ def float_view(entries: list[Mapping[str, Any]], quant: Mapping[str, Any] | None
     if not quant:
         return entries
     view = [e for e in entries if not e.get("quantized")]
-    originals = sorted({e["quantized"]["from"] for e in entries if e.get("quantized")})
-    for fqn in originals:
+    for fqn in quantized_originals(entries):
         module = quant["modules"][fqn.rpartition(".")[0]]
         view.append({"fqn": fqn, "shape": module["shape"], "dtype": module["dtype"], "kind": "parameter"})
     return view

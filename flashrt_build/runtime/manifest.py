@@ -8,6 +8,7 @@ the typed structures below name the fields the code reads and writes.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -144,6 +145,12 @@ def method_bindings(tensors: list[dict[str, Any]], method: str) -> dict[str, str
         for entry in tensors
         if "methods" not in entry or method in entry["methods"]
     }
+
+
+def quantized_originals(tensors: list[Mapping[str, Any]]) -> list[str]:
+    """The float weights a quantized package's parts came from (their FQNs,
+    sorted): what a float checkpoint names in their place."""
+    return sorted({t["quantized"]["from"] for t in tensors if t.get("quantized")})
 
 
 def state_mode(manifest: dict[str, Any]) -> str | None:
