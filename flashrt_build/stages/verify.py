@@ -195,9 +195,14 @@ def _where(work: Path, calls: list[Call]) -> str | None:
 
 
 def _what(stderr: str) -> str | None:
-    """The C++ exception's own message (`what():  ...`) from a process that aborted."""
-    lines = [line.strip() for line in stderr.splitlines() if "what():" in line]
-    return " ".join(lines[0].split()) if lines else None
+    """The C++ exception's own message (`what():  ...`) from a process that
+    aborted. Threads aborting at once interleave their lines (`what():
+    terminate called recursively`): such a line is no message, and None sends
+    the caller to a run on one thread."""
+    for line in stderr.splitlines():
+        if "what():" in line and "terminate called" not in line:
+            return " ".join(line.split())
+    return None
 
 
 def _crash_remedy(cxx: str) -> str:

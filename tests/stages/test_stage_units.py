@@ -238,6 +238,10 @@ def test_where_a_verification_process_stopped(tmp_path: Path) -> None:
         "terminate called after throwing an instance of 'c10::Error'\n  what():  index out of bounds: 0 <= tmp2 < 10\n"
     )
     assert _what(said) == "what(): index out of bounds: 0 <= tmp2 < 10"
+    # Two threads aborting at once: the line holds another thread's words, not the message.
+    interleaved = "terminate called after throwing an instance of 'c10::Error'\n"
+    interleaved += "  what():  terminate called recursively\n"
+    assert _what(interleaved) is None
 
 
 def test_structure_and_shape_mismatches_fail() -> None:
