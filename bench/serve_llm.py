@@ -230,8 +230,8 @@ def raw_replay(out: Path, manifest: dict[str, Any], loaded: Any, inputs: list[to
 
 
 def count_kernels(step: Callable[[], Any], device: torch.device) -> int | None:
-    """CUDA kernels one plain decode step launches (of a package loaded
-    without graphs: a graph captured under the profiler replayed garbage)."""
+    """CUDA kernels one plain decode step launches (a package loaded without
+    graphs: with them, the profiled call would be a capture or a replay)."""
     if device.type != "cuda":
         return None
     step()
