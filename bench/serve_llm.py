@@ -26,6 +26,7 @@ itself.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -218,15 +219,14 @@ def raw_replay(out: Path, manifest: dict[str, Any], loaded: Any, inputs: list[to
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         outputs = runner.loader.boxed_run(list(static))
-    # The graph reads and writes these addresses: freed, the allocator hands
-    # them to other tensors and a replay reads garbage (a device-side assert).
-    alive = (runner, own, static, outputs)
+    # The graph reads and writes these tensors' memory: freed, the allocator
+    # hands it to other tensors and a replay reads garbage (a device-side
+    # assert). Held by the partial, not by a statement `python -O` strips.
+    return functools.partial(_replay, graph, (runner, own, static, outputs))
 
-    def replay() -> None:
-        assert alive
-        graph.replay()
 
-    return replay
+def _replay(graph: torch.cuda.CUDAGraph, _alive: tuple[Any, ...]) -> None:
+    graph.replay()
 
 
 def count_kernels(step: Callable[[], Any], device: torch.device) -> int | None:
