@@ -93,6 +93,18 @@ class RaisesInForward(nn.Module):
         return self.fc(x.reshape(-1, 5))  # wrong for the configured [2, 4] input
 
 
+class ReadsItsWeight(nn.Module):
+    """Reads a Linear's weight outside the Linear, as some models do: fine in
+    float, refused by a quantized weight (torchao implements no `abs`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.fc.weight.abs().mean()
+
+
 _once_per_process_built = 0
 
 

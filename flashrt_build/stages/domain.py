@@ -103,9 +103,15 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
             example = make_inputs(spec, method=method)
             shapes = {name: list(t.shape) for name, t in example.named(method).items()}
             kind, _, said = found.partition(": ")
+            # A quantized module fails in kernels the float one never ran: name both suspects.
+            check = f"{method.key}.inputs" + (
+                f", or quant '{spec.quant.name}', which quantized the module before this call"
+                if spec.quant is not None
+                else ""
+            )
             raise ExportError(
                 f"the {method.attr} of {spec.target} raises {kind} on the example inputs {shapes}, "
-                f"without torch.export: {said} (check {method.key}.inputs)"
+                f"without torch.export: {said} (check {check})"
             )
         at_max = {name: d.max for name, (_, _, d) in dims.items()}
         found = failure(at_max, {i.name: "both" for i in ranged})

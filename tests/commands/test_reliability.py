@@ -70,6 +70,15 @@ def test_a_forward_that_raises_on_the_example_inputs(tmp_path: Path) -> None:
     assert_nothing_built(tmp_path / "out")
 
 
+def test_a_forward_that_only_a_quantized_module_refuses_names_the_recipe(tmp_path: Path) -> None:
+    conf = user_module(tmp_path, "modules.ReadsItsWeight")
+    result = cli("--config-dir", str(conf), "+module=mine", "quant=int8_wo", f"output_root={tmp_path / 'out'}")
+    assert result.returncode == 1
+    assert "the forward of modules.ReadsItsWeight raises NotImplementedError on the example inputs" in result.stderr
+    assert "(check module.inputs, or quant 'int8_wo', which quantized the module before this call)" in result.stderr
+    assert_nothing_built(tmp_path / "out")
+
+
 def test_a_checkpoint_whose_keys_do_not_match(tmp_path: Path) -> None:
     save_file({"fc1.weight": torch.zeros(64, 16), "bogus": torch.zeros(1)}, str(tmp_path / "bad.safetensors"))
     result = cli("+module=mlp", f"module.checkpoint={tmp_path / 'bad.safetensors'}", f"output_root={tmp_path / 'o'}")
