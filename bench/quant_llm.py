@@ -30,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from report import RESULTS, build_root, cli_build, publish, table  # noqa: E402
+from report import RESULTS, BuildFailed, build_root, cli_build, publish, table  # noqa: E402
 from serve_llm import ratio, timed  # noqa: E402
 
 import flashrt_build  # noqa: E402
@@ -72,11 +72,18 @@ def main() -> None:
         recipe, *extra = spec.split(",")
         builds[label] = [f"quant={recipe}", *extra]
     device = torch.device(args.target)
-    results: dict[str, Any] = {"recipes": {}}
+    results: dict[str, Any] = {"recipes": {}, "failed": {}}
     with build_root(args.work) as root:
         built = {}
         for recipe, own in builds.items():
-            out, manifest, seconds = cli_build([*overrides, *own, f"output_dir={root}/{recipe}"], root)
+            try:
+                out, manifest, seconds = cli_build([*overrides, *own, f"output_dir={root}/{recipe}"], root)
+            except BuildFailed as failed:
+                if recipe == args.baseline:
+                    raise
+                # The others are still measured: a failing recipe costs no rerun of them.
+                results["failed"][recipe] = {"error": failed.error, "overrides": own}
+                continue
             built[recipe] = out
             results["recipes"][recipe] = {**summary(manifest, seconds), "overrides": own}
         loaded = {recipe: flashrt_build.load(out, cuda_graphs=device.type == "cuda") for recipe, out in built.items()}
@@ -138,7 +145,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             compiles or "reused", error, agreement,
         ])  # fmt: skip
     header = ["recipe", "weights", "x", "decode ms", "x", "prefill ms", "x", "compile", "rel err vs float", "top-1"]
-    return text + table(header, rows, "llrrrrrlrr")
+    failed = "".join(f"\n- `{recipe}` did not build: {f['error']}" for recipe, f in results["failed"].items())
+    return text + table(header, rows, "llrrrrrlrr") + (f"\nFailed builds:\n{failed}\n" if failed else "")
 
 
 if __name__ == "__main__":

@@ -42,18 +42,35 @@ def publish(out: Path, title: str, command: str, text: str) -> None:
     out.write_text(f"# {title}\n\nCommand: `{command}`\n\n{text}")
 
 
+class BuildFailed(SystemExit):
+    """The CLI's build failed; `error` is its last ERROR line (what a bench
+    that measures the other builds reports for this one)."""
+
+    def __init__(self, code: int, error: str) -> None:
+        super().__init__(f"the build failed ({code}): {error}")
+        self.error = error
+
+
 def cli_build(overrides: Sequence[str], root: str | Path) -> tuple[Path, dict, float]:
     """Build through the real CLI into `root` (or the `output_dir=` among
-    `overrides`): (output directory, manifest, seconds)."""
+    `overrides`): (output directory, manifest, seconds). Its log passes
+    through; a failure raises BuildFailed."""
     import json
     import subprocess
     import sys
     import time
 
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flashrt_build", *overrides, f"output_root={root}"], cwd=REPO)
-    if done.returncode:
-        raise SystemExit(f"the build failed ({done.returncode})")
+    command = [sys.executable, "-m", "flashrt_build", *overrides, f"output_root={root}"]
+    error = ""
+    with subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True) as build:
+        assert build.stderr is not None
+        for line in build.stderr:
+            sys.stderr.write(line)
+            if "[ERROR] - " in line or line.startswith("error:"):
+                error = line.split("[ERROR] - ", 1)[-1].strip()
+    if build.returncode:
+        raise BuildFailed(build.returncode, error or "see its log above")
     seconds = time.perf_counter() - start
     given = [o.partition("=")[2] for o in overrides if o.startswith("output_dir=")]
     out = (
