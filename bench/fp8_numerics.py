@@ -1,0 +1,48 @@
+"""What a compile adds to float8's error: a LayerNorm -> Linear -> GELU ->
+Linear block in bf16, torchao's float8 per-row recipe applied, run eagerly and
+through torch.compile with the fp8 recipe's Inductor options, with and
+without `emulate_precision_casts`. Prints the compiled output's max abs and
+norm-wise relative difference from eager's (CUDA, compute capability 8.9+).
+
+    python bench/fp8_numerics.py        # on the H200: bench/results/fp8_numerics_h200.log
+
+Float8 quantizes activations at run time, one scale per row from the row's
+largest magnitude; a compiled kernel that skips a bf16 rounding eager does
+gets a slightly different scale, and values land a float8 step apart.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+RECIPE = {  # conf/quant/fp8.yaml's options before emulate_precision_casts
+    "coordinate_descent_tuning": True,
+    "coordinate_descent_check_all_directions": True,
+    "force_fuse_int_mm_with_mul": True,
+}
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(
+        torch.nn.LayerNorm(2048), torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 2048)
+    )
+    block = block.cuda().bfloat16()
+    quantize_(block, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    x = torch.randn(1, 2, 2048, device="cuda", dtype=torch.bfloat16)
+    variants = {
+        "recipe options": RECIPE,
+        "recipe options + emulate_precision_casts": {**RECIPE, "emulate_precision_casts": True},
+        "default options": {},
+    }
+    with torch.no_grad():
+        eager = block(x).float()
+        for name, options in variants.items():
+            torch._dynamo.reset()
+            diff = torch.compile(block, options=options)(x).float() - eager
+            print(f"{name}: max abs {diff.abs().max():.4f}, rel {diff.norm() / eager.norm():.4f}")
+
+
+if __name__ == "__main__":
+    main()
