@@ -24,6 +24,8 @@ RECIPE = {  # conf/quant/fp8.yaml's options before emulate_precision_casts
 
 
 def main() -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        raise SystemExit("fp8_numerics needs a CUDA GPU of compute capability 8.9 or later")
     torch.manual_seed(0)
     block = torch.nn.Sequential(
         torch.nn.LayerNorm(2048), torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 2048)
