@@ -105,6 +105,25 @@ class ReadsItsWeight(nn.Module):
         return self.fc(x) * self.fc.weight.abs().mean()
 
 
+class _WeightNormedLinear(nn.Linear):
+    """Divides by its largest weight: reads the weight beyond the matmul."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) / self.weight.abs().amax()
+
+
+class WeightNormedHead(nn.Module):
+    """Its `head` works in float and fails once quantized, inside the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.head = _WeightNormedLinear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
 _once_per_process_built = 0
 
 

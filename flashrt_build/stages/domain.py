@@ -10,12 +10,15 @@ not a crash of the package after a compile.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import inspect
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..config.inputs import MethodSpec
 from ..config.spec import BuildSpec
@@ -85,7 +88,7 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
     ranged = [i for i in method.inputs if i.dtype in INTEGER and (i.low is not None or i.high is not None)]
     lows = {i.name: "low" for i in ranged}
 
-    def failure(sizes: dict[str, int] | None = None, edges: dict[str, str] | None = None) -> str | None:
+    def failure(sizes: dict[str, int] | None = None, edges: dict[str, str] | None = None) -> EagerFailure | None:
         return _eager_failure(module, method, make_inputs(spec, sizes=sizes, method=method, edges=edges))
 
     with preserved_buffers(module):
@@ -102,16 +105,9 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
         if found is not None:
             example = make_inputs(spec, method=method)
             shapes = {name: list(t.shape) for name, t in example.named(method).items()}
-            kind, _, said = found.partition(": ")
-            # A quantized module fails in kernels the float one never ran: name both suspects.
-            check = f"{method.key}.inputs" + (
-                f", or quant '{spec.quant.name}', which quantized the module before this call"
-                if spec.quant is not None
-                else ""
-            )
             raise ExportError(
-                f"the {method.attr} of {spec.target} raises {kind} on the example inputs {shapes}, "
-                f"without torch.export: {said} (check {check})"
+                f"the {method.attr} of {spec.target} raises {found.kind} on the example inputs {shapes}, "
+                f"without torch.export: {found.said} (check {_suspects(spec, method, found)})"
             )
         at_max = {name: d.max for name, (_, _, d) in dims.items()}
         found = failure(at_max, {i.name: "both" for i in ranged})
@@ -134,7 +130,7 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
         )
 
 
-def _range_error(method: MethodSpec, inp: Any, end: str, found: str) -> ConfigError:
+def _range_error(method: MethodSpec, inp: Any, end: str, found: EagerFailure) -> ConfigError:
     value = (inp.high - 1) if end == "high" else (inp.low if inp.low is not None else 0)
     return ConfigError(
         f"{method.key}.inputs.{inp.name}.{end}",
@@ -150,14 +146,74 @@ def _checked(dims: dict[str, Any], ranged: list[Any]) -> str:
     return "eager runs " + (", ".join(parts) if parts else "the example")
 
 
-def _eager_failure(module: torch.nn.Module, method: MethodSpec, example: ExampleInputs) -> str | None:
-    """None when the eager method runs on `example`, else what it raised."""
+@dataclasses.dataclass(frozen=True)
+class EagerFailure:
+    """What an eager call raised, and in which submodule (its FQN; "" when in
+    the method's own code)."""
+
+    error: type[BaseException]
+    said: str
+    where: str = ""
+    quantized: bool = False  # the submodule's weight is a quantized tensor
+
+    @property
+    def kind(self) -> str:
+        return self.error.__name__ + (f" in {self.where}" if self.where else "")
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.said}"
+
+
+def _eager_failure(module: torch.nn.Module, method: MethodSpec, example: ExampleInputs) -> EagerFailure | None:
+    """None when the eager method runs on `example`, else what it raised and
+    where: forward hooks keep the submodules running on this thread, so the
+    innermost one still running when it raised is the one that raised."""
+    names = {id(m): name for name, m in module.named_modules() if name}
+    running: list[torch.nn.Module] = []
+    me = threading.get_ident()
+
+    def enter(m: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() == me and id(m) in names:
+            running.append(m)
+
+    def leave(m: torch.nn.Module, args: Any, out: Any) -> None:
+        if threading.get_ident() == me and running and running[-1] is m:
+            running.pop()
+
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(enter),
+        torch.nn.modules.module.register_module_forward_hook(leave),
+    ]
     try:
         with torch.no_grad():
             getattr(module, method.attr)(*example.args, **example.kwargs, **method.kwargs)
     except Exception as exc:
-        return f"{type(exc).__name__}: {first_lines(exc, 2)}"
+        inner = running[-1] if running else None
+        weight = getattr(inner, "weight", None)
+        return EagerFailure(
+            type(exc),
+            first_lines(exc, 2),
+            names[id(inner)] if inner is not None else "",
+            isinstance(weight, torch.Tensor) and is_traceable_wrapper_subclass(weight),
+        )
+    finally:
+        for hook in hooks:
+            hook.remove()
     return None
+
+
+def _suspects(spec: BuildSpec, method: MethodSpec, found: EagerFailure) -> str:
+    """What to check: the inputs, and the quant recipe where the module runs
+    quantized (a quantized layer fails in kernels the float one never ran)."""
+    inputs = f"{method.key}.inputs"
+    if spec.quant is None:
+        return inputs
+    if found.quantized:
+        return (
+            f"{inputs}, or quant '{spec.quant.name}', which quantized {found.where}: a rule "
+            f"{{pattern: '{found.where}', config: skip}} before the others keeps it as it was"
+        )
+    return f"{inputs}, or quant '{spec.quant.name}', which quantized the module before this call"
 
 
 @contextlib.contextmanager

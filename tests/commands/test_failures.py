@@ -124,9 +124,11 @@ def test_input_ranges_the_model_cannot_take_are_config_errors_before_the_compile
         "name: typo\nmodel: {_target_: modules.Vision}\ninputs: {pixel_value: {shape: [2, 3]}}\n"
     )
     cases = {
-        "ids": "config key 'module.inputs.input_ids.high' = 2000: the eager forward raises IndexError: index out "
-        "of range in self on the value 1999",
-        "long": "config key 'module.inputs.input_ids.dynamic.1.max' = 500: the eager forward raises IndexError",
+        # the submodule that raised is named: the token embedding for ids, the position one for length
+        "ids": "config key 'module.inputs.input_ids.high' = 2000: the eager forward raises IndexError in "
+        "transformer.wte: index out of range in self on the value 1999",
+        "long": "config key 'module.inputs.input_ids.dynamic.1.max' = 500: the eager forward raises IndexError in "
+        "transformer.wpe:",
         "typo": "config key 'module.inputs.pixel_value' = 'pixel_value': Vision.forward has no parameter "
         "'pixel_value'; did you mean 'pixel_values'?",
     }

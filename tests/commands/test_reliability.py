@@ -79,6 +79,20 @@ def test_a_forward_that_only_a_quantized_module_refuses_names_the_recipe(tmp_pat
     assert_nothing_built(tmp_path / "out")
 
 
+def test_a_quantized_layer_that_fails_is_named_with_the_rule_that_keeps_it(tmp_path: Path) -> None:
+    conf = user_module(tmp_path, "modules.WeightNormedHead")
+    result = cli("--config-dir", str(conf), "+module=mine", "quant=int8_wo", f"output_root={tmp_path / 'out'}")
+    assert result.returncode == 1
+    assert "the forward of modules.WeightNormedHead raises NotImplementedError in head on the example inputs" in (
+        result.stderr
+    )
+    assert (
+        "or quant 'int8_wo', which quantized head: a rule {pattern: 'head', config: skip} before the others keeps it"
+        in result.stderr
+    )
+    assert_nothing_built(tmp_path / "out")
+
+
 def test_a_checkpoint_whose_keys_do_not_match(tmp_path: Path) -> None:
     save_file({"fc1.weight": torch.zeros(64, 16), "bogus": torch.zeros(1)}, str(tmp_path / "bad.safetensors"))
     result = cli("+module=mlp", f"module.checkpoint={tmp_path / 'bad.safetensors'}", f"output_root={tmp_path / 'o'}")
