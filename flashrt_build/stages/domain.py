@@ -209,9 +209,11 @@ def _suspects(spec: BuildSpec, method: MethodSpec, found: EagerFailure) -> str:
     if spec.quant is None:
         return inputs
     if found.quantized:
+        pattern = every_block(found.where)
+        kept = "it" if pattern == found.where else "it and the same layer of every block"
         return (
             f"{inputs}, or quant '{spec.quant.name}', which quantized {found.where}: a rule "
-            f"{{pattern: '{found.where}', config: skip}} before the others keeps it as it was"
+            f"{{pattern: '{pattern}', config: skip}} before the others keeps {kept} as it was"
         )
     return f"{inputs}, or quant '{spec.quant.name}', which quantized the module before this call"
 
@@ -226,3 +228,11 @@ def preserved_buffers(module: torch.nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for name, buffer in module.named_buffers():
                 buffer.copy_(saved[name])
+
+
+def every_block(fqn: str) -> str:
+    """`fqn` with each block index made a wildcard (`blocks.0.mlp.2` ->
+    `blocks.*.mlp.2`): a layer that fails in one block fails in all of them.
+    The last part stays, an index there names the layer itself."""
+    *path, last = fqn.split(".")
+    return ".".join(["*" if part.isdigit() else part for part in path] + [last])

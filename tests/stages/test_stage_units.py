@@ -19,6 +19,7 @@ from flashrt_build.runtime.formats import resolve_checkpoint
 from flashrt_build.stages.checkpoint import load_checkpoint
 from flashrt_build.stages.compare import compare_outputs, raise_on_mismatch, tolerances
 from flashrt_build.stages.compile import FORCED_OPTIONS
+from flashrt_build.stages.domain import every_block
 from flashrt_build.stages.export import export_module
 from flashrt_build.stages.inputs import dynamic_shapes, make_inputs
 from flashrt_build.stages.module import instantiate_module
@@ -67,6 +68,13 @@ def test_positional_inputs_go_in_args_in_order() -> None:
 def test_sizes_override_shared_dims_everywhere() -> None:
     example = make_inputs(spec_of("+module=bert_tiny"), sizes={"seq": 7})
     assert example.kwargs["input_ids"].shape == (2, 7) and example.kwargs["attention_mask"].shape == (2, 7)
+
+
+def test_a_failing_layers_skip_pattern_covers_it_in_every_block() -> None:
+    assert every_block("blocks.0.mlp.2") == "blocks.*.mlp.2"
+    assert every_block("model.layers.13.self_attn.o_proj") == "model.layers.*.self_attn.o_proj"
+    assert every_block("head") == "head"
+    assert every_block("2") == "2"
 
 
 def test_dynamic_shapes_share_one_dim_object_per_name() -> None:
