@@ -194,7 +194,7 @@ def _eager_failure(module: torch.nn.Module, method: MethodSpec, example: Example
             type(exc),
             first_lines(exc, 2),
             names[id(inner)] if inner is not None else "",
-            isinstance(weight, torch.Tensor) and is_traceable_wrapper_subclass(weight),
+            is_traceable_wrapper_subclass(weight),  # False for a plain tensor, None, a non-tensor
         )
     finally:
         for hook in hooks:
