@@ -13,14 +13,13 @@ gets a slightly different scale, and values land a float8 step apart.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from omegaconf import OmegaConf
 from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
-RECIPE = {  # conf/quant/fp8.yaml's options before emulate_precision_casts
-    "coordinate_descent_tuning": True,
-    "coordinate_descent_check_all_directions": True,
-    "force_fuse_int_mm_with_mul": True,
-}
+RECIPE = Path(__file__).resolve().parent.parent / "conf" / "quant" / "fp8.yaml"
 
 
 def main() -> None:
@@ -33,9 +32,11 @@ def main() -> None:
     block = block.cuda().bfloat16()
     quantize_(block, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
     x = torch.randn(1, 2, 2048, device="cuda", dtype=torch.bfloat16)
+    shipped = OmegaConf.to_container(OmegaConf.load(RECIPE).inductor.options)
+    without = {k: v for k, v in shipped.items() if k != "emulate_precision_casts"}
     variants = {
-        "recipe options": RECIPE,
-        "recipe options + emulate_precision_casts": {**RECIPE, "emulate_precision_casts": True},
+        "recipe options without emulate_precision_casts": without,
+        "recipe options (conf/quant/fp8.yaml)": shipped,
         "default options": {},
     }
     with torch.no_grad():
