@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,8 @@ def main() -> None:
         f"CXX=g++-12 python bench/quant_llm.py --recipes {args.recipes}"
         + (f" --inductor {args.inductor}" if args.inductor != "default" else "")
         + (f" --size {args.size}" if args.size != parser.get_default("size") else "")
-        + "".join(f" --variant '{v}'" for v in args.variant)
+        + "".join(f" --variant {shlex.quote(v)}" for v in args.variant)
+        + (f" --out-name {args.out_name}" if args.out_name != parser.get_default("out_name") else "")
     )
     publish(RESULTS / f"{args.out_name}.md", "Quantized packages against bf16", command, report(results, args))
 
