@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -166,29 +167,27 @@ class EagerFailure:
 
 def _eager_failure(module: torch.nn.Module, method: MethodSpec, example: ExampleInputs) -> EagerFailure | None:
     """None when the eager method runs on `example`, else what it raised and
-    where: forward hooks keep the submodules running on this thread, so the
-    innermost one still running when it raised is the one that raised."""
+    where: a forward hook that also runs when forward raises sees each
+    exception leave the submodules it passes through, innermost first, so the
+    first submodule it left is the one that raised (an exception a model
+    catches and handles leaves no trace on the next one)."""
     names = {id(m): name for name, m in module.named_modules() if name}
-    running: list[torch.nn.Module] = []
+    raised_in: list[tuple[BaseException, torch.nn.Module]] = []  # each exception and the first submodule it left
     me = threading.get_ident()
 
-    def enter(m: torch.nn.Module, args: Any) -> None:
-        if threading.get_ident() == me and id(m) in names:
-            running.append(m)
+    def left(m: torch.nn.Module, args: Any, out: Any) -> None:
+        exc = sys.exc_info()[1]  # set while an exception leaves m's forward
+        if exc is None or out is not None or threading.get_ident() != me or id(m) not in names:
+            return
+        if not any(seen is exc for seen, _ in raised_in):
+            raised_in.append((exc, m))
 
-    def leave(m: torch.nn.Module, args: Any, out: Any) -> None:
-        if threading.get_ident() == me and running and running[-1] is m:
-            running.pop()
-
-    hooks = [
-        torch.nn.modules.module.register_module_forward_pre_hook(enter),
-        torch.nn.modules.module.register_module_forward_hook(leave),
-    ]
+    hook = torch.nn.modules.module.register_module_forward_hook(left, always_call=True)
     try:
         with torch.no_grad():
             getattr(module, method.attr)(*example.args, **example.kwargs, **method.kwargs)
     except Exception as exc:
-        inner = running[-1] if running else None
+        inner = _raised_in(exc, raised_in)
         weight = getattr(inner, "weight", None)
         return EagerFailure(
             type(exc),
@@ -197,8 +196,21 @@ def _eager_failure(module: torch.nn.Module, method: MethodSpec, example: Example
             is_traceable_wrapper_subclass(weight),  # False for a plain tensor, None, a non-tensor
         )
     finally:
-        for hook in hooks:
-            hook.remove()
+        hook.remove()
+    return None
+
+
+def _raised_in(exc: BaseException, raised_in: list[tuple[BaseException, torch.nn.Module]]) -> torch.nn.Module | None:
+    """The submodule where `exc` began: for `raise ... from cause`, where its
+    first cause began (a wrapper's message is not where the fault is);
+    None when it began in the method's own code."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 32:
+        chain.append(chain[-1].__cause__)
+    for error in reversed(chain):
+        for seen, m in raised_in:
+            if seen is error:
+                return m
     return None
 
 

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from transformers.modeling_outputs import BaseModelOutput
 
 from flashrt_build.config.compose import CONF_DIR, compose
+from flashrt_build.config.inputs import MethodSpec
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, VerifyError
 from flashrt_build.runtime.checkpoint import read_checkpoint
@@ -19,9 +20,9 @@ from flashrt_build.runtime.formats import resolve_checkpoint
 from flashrt_build.stages.checkpoint import load_checkpoint
 from flashrt_build.stages.compare import compare_outputs, raise_on_mismatch, tolerances
 from flashrt_build.stages.compile import FORCED_OPTIONS
-from flashrt_build.stages.domain import every_block
+from flashrt_build.stages.domain import _eager_failure, every_block
 from flashrt_build.stages.export import export_module
-from flashrt_build.stages.inputs import dynamic_shapes, make_inputs
+from flashrt_build.stages.inputs import ExampleInputs, dynamic_shapes, make_inputs
 from flashrt_build.stages.module import instantiate_module
 from flashrt_build.stages.preflight import validate_inductor_options
 from flashrt_build.stages.verify import _what, _where, plan_calls, run_eager
@@ -75,6 +76,45 @@ def test_a_failing_layers_skip_pattern_covers_it_in_every_block() -> None:
     assert every_block("model.layers.13.self_attn.o_proj") == "model.layers.*.self_attn.o_proj"
     assert every_block("head") == "head"
     assert every_block("2") == "2"
+
+
+class NoFastPath(torch.nn.Module):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("no fast path for these ids")
+
+
+class FallsBack(torch.nn.Module):
+    """Catches its first layer's error, then fails in `then`'s way."""
+
+    def __init__(self, then: str) -> None:
+        super().__init__()
+        self.fast, self.slow, self.then = NoFastPath(), torch.nn.Embedding(4, 2), then
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.fast(ids)
+        except RuntimeError as caught:
+            if self.then == "own code":
+                return ids[:, 9]  # IndexError here, not in a submodule
+            if self.then == "slow":
+                return self.slow(ids + 10)  # IndexError in the embedding
+            raise ValueError("the fast path failed") from caught
+
+
+@pytest.mark.parametrize(
+    ("then", "error", "where"),
+    [("own code", IndexError, ""), ("slow", IndexError, "slow"), ("wrapped", ValueError, "fast")],
+)
+def test_an_eager_failure_names_the_submodule_it_began_in_past_errors_the_model_caught(
+    then: str, error: type[Exception], where: str
+) -> None:
+    method = MethodSpec("forward", "forward", (), {}, "model", "module")
+    found = _eager_failure(FallsBack(then), method, ExampleInputs((torch.zeros(1, 3, dtype=torch.long),), {}))
+    assert found is not None and (found.error, found.where) == (error, where)
+    assert (
+        _eager_failure(torch.nn.Embedding(4, 2), method, ExampleInputs((torch.ones(1, 3, dtype=torch.long),), {}))
+        is None
+    )
 
 
 def test_dynamic_shapes_share_one_dim_object_per_name() -> None:
