@@ -35,48 +35,60 @@ def files(directory: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def release_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    pairs = {}
-    for name, overrides in {"mlp": ["+module=mlp"], "gpt2_tiny": ["+module=gpt2_tiny", "weights=external"]}.items():
-        tmp = tmp_path_factory.mktemp(f"release_{name}")
-        (tmp / "elsewhere").mkdir()
-        warm = tmp / "warm"
-        cold = tmp / "cold"
-        release_build(warm, *overrides)
-        release_build(cold, *overrides, cwd=tmp / "elsewhere", cache=tmp / "cold-cache")
-        pairs[name] = (warm, cold)
-    return pairs
+def release_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Release builds of mlp (baked) and gpt2_tiny (external weights), and
+    gpt2_tiny again with a cold Inductor cache from another working
+    directory. mlp's second build is repro's, also cold and elsewhere."""
+    tmp = tmp_path_factory.mktemp("release")
+    (tmp / "elsewhere").mkdir()
+    builds = {"mlp": tmp / "mlp", "gpt2_tiny": tmp / "gpt2_tiny", "gpt2_tiny_cold": tmp / "gpt2_tiny_cold"}
+    release_build(builds["mlp"], "+module=mlp")
+    release_build(builds["gpt2_tiny"], "+module=gpt2_tiny", "weights=external")
+    release_build(
+        builds["gpt2_tiny_cold"], "+module=gpt2_tiny", "weights=external", cwd=tmp / "elsewhere", cache=tmp / "cold"
+    )
+    return builds
+
+
+def test_two_release_builds_are_byte_identical(release_builds: dict[str, Path]) -> None:
+    warm, cold = release_builds["gpt2_tiny"], release_builds["gpt2_tiny_cold"]
+    assert files(warm) == files(cold)
+    assert set(files(warm)) == {"model.pt2", "weights.safetensors"}
+    assert (
+        json.loads((warm / "manifest.json").read_text())["build_key"]
+        == (json.loads((cold / "manifest.json").read_text())["build_key"])
+    )
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt2_tiny"])
-def test_two_release_builds_are_byte_identical(release_pairs: dict[str, tuple[Path, Path]], name: str) -> None:
-    warm, cold = release_pairs[name]
-    assert files(warm) == files(cold)
-    expected = {"model.pt2", "weights.safetensors"} if name == "gpt2_tiny" else {"model.pt2"}
-    assert set(files(warm)) == expected
-    manifest = json.loads((warm / "manifest.json").read_text())
+def test_a_release_build_is_portable_and_records_its_toolchain(release_builds: dict[str, Path], name: str) -> None:
+    manifest = json.loads((release_builds[name] / "manifest.json").read_text())
     assert manifest["release"] is True
     assert manifest["inductor"]["options"]["cpp.march"] == "x86-64-v3"  # portable, not -march=native
     assert manifest["inductor"]["options"]["aot_inductor.enable_line_tables"] is False
-    assert manifest["build_key"] == json.loads((cold / "manifest.json").read_text())["build_key"]
     toolchain = manifest["toolchain"]
     assert toolchain["hydra_core"] and toolchain["omegaconf"] and toolchain["cxx"]["version"] != "unknown"
     assert toolchain["lock"]["sha256"] == file_sha256(REPO / "requirements.lock")
 
 
-def repro(directory: Path) -> subprocess.CompletedProcess[str]:
+def repro(directory: Path, cwd: Path | None = None, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     return subprocess.run(
         [sys.executable, "-m", "flashrt_build.repro", str(directory)],
-        capture_output=True, text=True, timeout=600, check=False,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
 
 
 def test_repro_passes_on_a_release_build_and_names_an_altered_member(
-    release_pairs: dict[str, tuple[Path, Path]], tmp_path: Path
+    release_builds: dict[str, Path], tmp_path: Path
 ) -> None:
-    warm, _ = release_pairs["mlp"]
-    ok = repro(warm)
-    assert ok.returncode == 0 and "byte-identical" in ok.stdout
+    warm = release_builds["mlp"]
+    (tmp_path / "elsewhere").mkdir()
+    # a cold Inductor cache and another working directory: the rebuild shares nothing with the build
+    ok = repro(warm, cwd=tmp_path / "elsewhere", cache=tmp_path / "cold")
+    assert ok.returncode == 0 and "byte-identical" in ok.stdout, ok.stderr[-3000:]
 
     altered = tmp_path / "altered"
     shutil.copytree(warm, altered)
