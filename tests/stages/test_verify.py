@@ -115,8 +115,8 @@ def test_an_impossible_tolerance_fails_the_build(tmp_path: Path) -> None:
         ("raise(SIGSEGV);", [], "LoaderCrash: the package crashed its loader process with SIGSEGV"),
         (
             "sleep(600);",
-            ["verify.timeout=20"],
-            "LoaderCrash: the package hung its loader process past verify.timeout=20s",
+            ["verify.timeout=8"],
+            "LoaderCrash: the package hung its loader process past verify.timeout=8s",
         ),
     ],
     ids=["segfault", "hang"],
