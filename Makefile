@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(PYTHON) -m ruff format --check .
 
 test: lint
-	$(PYTHON) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+	$(PYTHON) -m pytest -q -n auto --dist loadfile
 
 cpp: $(STAMP)
 	cmake -S cpp -B build/cpp -DCMAKE_PREFIX_PATH="$$($(PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \

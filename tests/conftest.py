@@ -32,36 +32,7 @@ sys.path.insert(0, str(TESTS))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
 
 
-# Test files by how long they take (their compiles; `--durations`), longest
-# first. `make test` passes --no-loadscope-reorder, so xdist hands files to
-# its workers in collection order, and the longest do not start last and
-# leave one worker running alone (by default it orders files by test count,
-# which put the release and cache files, six minutes together, at the end).
-LONGEST_FIRST = (
-    "runtime/test_cpp.py",
-    "sweep/test_sweep.py",
-    "cache/test_release.py",
-    "stages/test_verify.py",
-    "cache/test_cache.py",
-    "stages/test_trained.py",
-    "stages/test_methods.py",
-    "commands/test_reliability.py",
-    "stages/test_build.py",
-    "commands/test_cli.py",
-    "runtime/test_external_weights.py",
-    "commands/test_failures.py",
-    "stages/test_quantize.py",
-    "runtime/test_serve.py",
-)
-
-
-def _duration_rank(item: pytest.Item) -> int:
-    path = item.path.relative_to(TESTS).as_posix()
-    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_duration_rank)  # stable: each file keeps its own order
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
