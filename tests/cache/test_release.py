@@ -18,13 +18,15 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
+def inductor_cache_at(cache: Path | None) -> dict[str, str]:
+    """This process's environment, with Inductor's cache at `cache` (a cold one somewhere else) when given."""
+    return dict(os.environ) | ({"TORCHINDUCTOR_CACHE_DIR": str(cache)} if cache is not None else {})
+
+
 def release_build(out: Path, *overrides: str, cwd: Path = REPO, cache: Path | None = None) -> dict:
-    env = dict(os.environ)
-    if cache is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)  # a cold Inductor cache somewhere else
     result = subprocess.run(
         [sys.executable, "-m", "flashrt_build", *overrides, "release=true", f"output_dir={out}", "verify.repeat=0"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=cwd, env=inductor_cache_at(cache), capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return json.loads((out / "manifest.json").read_text())
@@ -54,10 +56,8 @@ def test_two_release_builds_are_byte_identical(release_builds: dict[str, Path]) 
     warm, cold = release_builds["gpt2_tiny"], release_builds["gpt2_tiny_cold"]
     assert files(warm) == files(cold)
     assert set(files(warm)) == {"model.pt2", "weights.safetensors"}
-    assert (
-        json.loads((warm / "manifest.json").read_text())["build_key"]
-        == (json.loads((cold / "manifest.json").read_text())["build_key"])
-    )
+    keys = [json.loads((build / "manifest.json").read_text())["build_key"] for build in (warm, cold)]
+    assert keys[0] == keys[1]
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt2_tiny"])
@@ -72,12 +72,9 @@ def test_a_release_build_is_portable_and_records_its_toolchain(release_builds: d
 
 
 def repro(directory: Path, cwd: Path | None = None, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if cache is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     return subprocess.run(
         [sys.executable, "-m", "flashrt_build.repro", str(directory)],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=cwd, env=inductor_cache_at(cache), capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
 
 
