@@ -11,7 +11,7 @@ config checks and the runtime included.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 SCHEMA = "flashrt_build.manifest/1"
@@ -42,26 +42,63 @@ def tf32_policy(device: str, dtype: str | None, tf32: bool | None) -> bool | Non
     return bool(tf32) if device.startswith("cuda") and dtype == "float32" else None
 
 
-def foreign_entries(directory: Path) -> list[str] | None:
+def written_files(manifest: Mapping[str, object]) -> dict[str, Mapping[str, object] | None]:
+    """The files a build wrote into its output directory, by name, each with
+    its manifest record (`sha256`, `bytes`; None for the manifest itself), as
+    the manifest lists them: a baked build lists no sidecar."""
+    files: dict[str, Mapping[str, object] | None] = {MANIFEST: None}
+    for section in (manifest.get("package"), manifest.get("weights"), manifest.get("state")):
+        if isinstance(section, Mapping) and isinstance(section.get("file"), str):
+            files[section["file"]] = section
+    for record in manifest.get("files") or []:  # files copied beside the package (a tokenizer)
+        if isinstance(record, Mapping) and isinstance(record.get("file"), str):
+            files[record["file"]] = record
+    return files
+
+
+def foreign_entries(
+    directory: Path, altered: Callable[[Path, Mapping[str, object]], bool] | None = None
+) -> list[str] | None:
     """None when `directory` may be replaced by a build: it is absent, empty,
     or holds a complete build of this tool (a manifest of this schema) and
-    nothing but that build's files. Else the names of what is in the way,
-    sorted: a folder of the user's files, a checkout, a half-copied build."""
+    nothing but the files that manifest says the build wrote, each of the size
+    it recorded (and, given `altered`, not altered since). Else what is in the
+    way, sorted: a folder of the user's files, a checkout, a half-copied build,
+    a file of the user's that has an artifact's name."""
     if not directory.is_dir():
         return None
     entries = sorted(entry.name for entry in directory.iterdir())
     if not entries:
         return None
-    if not _is_manifest(directory / MANIFEST):
+    manifest = _read_manifest(directory / MANIFEST)
+    if manifest is None:
         return entries
-    return [name for name in entries if name not in ARTIFACT_FILES] or None
+    written = written_files(manifest)
+    foreign = []
+    for name in entries:
+        if name not in written:
+            foreign.append(name)
+        elif written[name] is not None and _not_as_written(directory / name, written[name], altered):
+            foreign.append(f"{name} (not the file its build wrote)")
+    return foreign or None
 
 
-def _is_manifest(path: Path) -> bool:
+def _not_as_written(
+    path: Path, record: Mapping[str, object], altered: Callable[[Path, Mapping[str, object]], bool] | None
+) -> bool:
     if path.is_symlink() or not path.is_file():
-        return False
+        return True
+    size = record.get("bytes")
+    if isinstance(size, int) and path.stat().st_size != size:
+        return True
+    return altered is not None and isinstance(record.get("sha256"), str) and altered(path, record)
+
+
+def _read_manifest(path: Path) -> dict | None:
+    if path.is_symlink() or not path.is_file():
+        return None
     try:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("schema") == SCHEMA
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("schema") == SCHEMA else None

@@ -78,13 +78,42 @@ class Store:
         entry = self.get(kind, key)
         return entry / PACKAGE if entry else None
 
-    def prune(self, everything: bool = False) -> list[Path]:
-        """Remove entries no output directory links to any more (or all of them)."""
-        removed = []
+    def prune(self, everything: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
+        """Remove entries no output directory links to any more (or all of
+        them). Only store entries are ever removed: a directory holding its
+        `sha256` list and the files it lists. Returns (removed, [(left, why)])."""
+        removed: list[Path] = []
+        left: list[tuple[Path, str]] = []
         for kind in ("packages", "methods", "artifacts"):
-            for entry in sorted((self.root / kind).glob("*")) if (self.root / kind).is_dir() else []:
+            folder = self.root / kind
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            for entry in sorted(folder.iterdir()):
+                why = _not_an_entry(entry)
+                if why is not None:
+                    left.append((entry, why))
+                    continue
                 files = [p for p in entry.iterdir() if p.name not in ("sha256", MANIFEST)]
                 if everything or all(p.stat().st_nlink <= 1 for p in files):
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(entry)
-        return removed
+        return removed, left
+
+
+def _not_an_entry(entry: Path) -> str | None:
+    """Why `entry` is not a store entry `put` made, or None when it is one."""
+    if entry.is_symlink():
+        return "a symbolic link, not a store entry"
+    if not entry.is_dir():
+        return "a file, not a store entry"
+    listing = entry / "sha256"
+    if listing.is_symlink() or not listing.is_file():
+        return "not a store entry (it has no sha256 list)"
+    try:
+        listed = {line.split("  ", 1)[1] for line in listing.read_text().splitlines() if line}
+    except (OSError, UnicodeDecodeError, IndexError):
+        return "not a store entry (its sha256 list does not parse)"
+    extra = sorted(p.name for p in entry.iterdir() if p.name != "sha256" and p.name not in listed)
+    if extra or any((entry / name).is_symlink() or not (entry / name).is_file() for name in listed):
+        return f"not a store entry as the store made it (it holds {', '.join(extra) or 'links or folders'})"
+    return None

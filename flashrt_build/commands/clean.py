@@ -1,5 +1,7 @@
 """`python -m flashrt_build.store clean [OUTPUT_ROOT] [--all]`: remove store
-entries no output directory links to any more (or all of them). Exit 0
+entries no output directory links to any more (or all of them). Anything
+under the store that is not an entry the store made (a folder without its
+`sha256` list, a file, a link) is left where it is and named. Exit 0
 cleaned (perhaps nothing), 2 no such output root or a wrong command line."""
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    removed = Store(args.output_root).prune(everything=args.all)
+    removed, left = Store(args.output_root).prune(everything=args.all)
     for entry in removed:
         print(f"removed {entry}")
+    for entry, why in left:
+        print(f"left {entry}: {why}")
     print(f"{len(removed)} store entries removed from {args.output_root / STORE_DIR}")
     return 0
 

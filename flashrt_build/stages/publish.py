@@ -23,6 +23,7 @@ from pathlib import Path
 from ..artifact import foreign_entries
 from ..config.paths import check_writable
 from ..errors import ConfigError, cleanup_uninterrupted
+from ..runtime.hashing import altered_digest
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,9 @@ def publish(staging: Path, output_dir: Path) -> None:
     """Put `staging` at `output_dir` in one atomic step: a reader sees the old
     artifact or the new one, never neither and never a mix."""
     _make_readable(staging)
-    in_the_way = foreign_entries(output_dir)
+    # Digests too, here only: what was checked by name and size before the
+    # work may have been replaced since, and this swap is the one that deletes.
+    in_the_way = foreign_entries(output_dir, lambda path, record: altered_digest(path, record) is not None)
     if in_the_way:  # appeared since the config was checked: never swap someone's files out
         raise ConfigError(
             "output_dir",

@@ -15,6 +15,7 @@ from flashrt_build.artifact import SCHEMA
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError
+from flashrt_build.runtime.hashing import file_record
 from flashrt_build.stages.publish import publish
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,10 +36,11 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def fake_build(folder: Path) -> None:
-    """What a build leaves: a manifest of this tool's schema and its package."""
+    """What a build leaves: a manifest of this tool's schema and the package it lists."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "name": "mlp"}))
     (folder / "model.pt2").write_bytes(b"package")
+    package = {"file": "model.pt2", **file_record(folder / "model.pt2")}
+    (folder / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "name": "mlp", "package": package}))
 
 
 def refusal(tmp_path: Path, output_dir: str, cwd: Path | None = None, root: Path | None = None) -> ConfigError:
