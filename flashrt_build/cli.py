@@ -20,8 +20,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .cache.key import COSMETIC_KEYS
+from .config.command_line import check_command_line
 from .config.compose import CONF_DIR
-from .config.paths import check_config_dir, check_writable
+from .config.inputs import NAME
+from .config.paths import check_writable
 from .config.schema import register_schema
 from .errors import ConfigError, Interrupted, quiet_known_warnings, stop_on_signals
 from .stages.threads import default_parallel_jobs
@@ -40,17 +42,26 @@ def logs_root(output_root: str) -> str:
     """Where Hydra keeps a command's logs (`.runs/`, `.sweeps/`): the output
     root, or a temporary directory when the output root cannot be written, so
     the build refuses `output_root` by name instead of Hydra failing to mkdir."""
+    root = Path(output_root).expanduser()
     try:
-        check_writable(Path(output_root).resolve(), "output_root", beside=False)
+        check_writable(root.resolve(), "output_root", beside=False)
     except ConfigError:
         return str(Path(tempfile.gettempdir()) / "flashrt_build-logs")
-    return output_root
+    return str(root)
+
+
+def logs_name(name: object) -> str:
+    """The module's name as a folder of Hydra's run logs, when it is a valid
+    name: `module.name=../../evil` is refused by the build, and must not
+    have put Hydra's logs two levels above the output root first."""
+    return name if isinstance(name, str) and NAME.match(name) else "invalid-module-name"
 
 
 # conf/hydra/launcher/parallel.yaml and conf/config.yaml. Registered on import:
 # joblib's workers resolve the launcher and sweep configs too.
 OmegaConf.register_new_resolver("flashrt_parallel_jobs", default_parallel_jobs, replace=True)
 OmegaConf.register_new_resolver("flashrt_logs_root", logs_root, replace=True)
+OmegaConf.register_new_resolver("flashrt_logs_name", logs_name, replace=True)
 
 
 # Longer variant names keep their start and end in a digest of the whole.
@@ -113,27 +124,15 @@ def _hydra_main(cfg: DictConfig) -> None:
     _job_codes.append(run_job(cfg))
 
 
-def _config_dir_argument(args: list[str]) -> str | None:
-    """The value of Hydra's `--config-dir DIR` / `--config-dir=DIR` / `-cd DIR`."""
-    for i, arg in enumerate(args):
-        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--config-dir="):
-            return arg.partition("=")[2]
-    return None
-
-
 def main() -> None:
     """Console entry point (`flashrt-build`, `python -m flashrt_build`)."""
     register_schema()
     quiet_known_warnings()
-    config_dir = _config_dir_argument(sys.argv[1:])
-    if config_dir is not None:
-        try:
-            check_config_dir("--config-dir", config_dir)
-        except ConfigError as exc:
-            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-            sys.exit(exc.exit_code)
+    try:
+        check_command_line(sys.argv[1:])  # before Hydra runs anything a config names
+    except ConfigError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     stop_on_signals()
     try:
         _hydra_main()

@@ -33,7 +33,7 @@ class ConfigError(FlashrtError):
 
     def __init__(self, key: str, value: object, expected: str, kind: str = "config key") -> None:
         """`kind` says what `key` is: a config key, a command's `argument`, an `environment variable`."""
-        self.key, self.value, self.expected = key, value, expected
+        self.key, self.value, self.expected, self.kind = key, value, expected, kind
         super().__init__(f"{kind} '{key}' = {value!r}: {expected}")
 
 
@@ -51,6 +51,7 @@ class ConfigErrors(ConfigError):
     def __init__(self, problems: list[ConfigError]) -> None:
         self.problems = problems
         self.key, self.value, self.expected = problems[0].key, problems[0].value, problems[0].expected
+        self.kind = problems[0].kind
         lines = "\n".join(f"  - {p}" for p in problems)
         Exception.__init__(self, f"the config has {len(problems)} errors:\n{lines}")
 

@@ -1,18 +1,23 @@
-"""Where the shipped configs live, and composing them without the CLI."""
+"""Where the shipped configs live, and composing them without the CLI; a
+composition error of Hydra's, said as the tool's one line."""
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError, raise_all
+from ..errors import ConfigError, first_lines, raise_all
 from .paths import check_config_dir
-from .schema import BuildConfig, register_schema, unknown_keys
+from .schema import BuildConfig, register_schema, unknown_key, unknown_keys
+from .targets import check_allow_list_source
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -31,16 +36,82 @@ def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictCo
     return merged
 
 
-def compose(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> DictConfig:
+def compose(
+    overrides: Sequence[str] = (), config_dir: str | Path | None = None, with_hydra: bool = False
+) -> DictConfig:
     """The config the CLI would build for `overrides` (e.g. `["+module=mlp"]`).
 
     `config_dir` adds a directory of the user's own configs to the search path,
-    like the CLI's `--config-dir`.
+    like the CLI's `--config-dir`. `with_hydra`: keep Hydra's own node
+    (`hydra.*`: callbacks, logging, launcher), as the CLI composes it.
+    A mistake in the overrides or a config file is one ConfigError.
     """
     register_schema()
     overrides = list(overrides)
+    given = list(overrides)
     if config_dir is not None:
         check_config_dir("config_dir", config_dir)
         overrides.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
+    except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
+        raise composition_error(exc, given) from None
+    check_allow_list_source(OmegaConf.to_container(cfg, resolve=False).get("allowed_targets"), given)
+    return cfg
+
+
+def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigError:
+    """Hydra's multi-line composition error as the tool's one line: the key
+    (or config group) and its value, and what was expected."""
+    values = {_override_key(o): o.partition("=")[2] for o in overrides if "=" in o}
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        close = difflib.get_close_matches(option, exc.options, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return ConfigError(
+            group, option, f"no such {group} config; choices: {', '.join(exc.options)}{hint}", "config group"
+        )
+    if isinstance(exc, OverrideParseException):
+        wrong = next((o for o in overrides if o in str(exc)), None)
+        if wrong is None:
+            return ConfigError("command line", " ".join(overrides), first_lines(exc, 1), "argument")
+        key, _, value = wrong.partition("=")
+        return ConfigError(
+            key.lstrip("+~"),
+            value,
+            f"Hydra's override grammar cannot read {wrong!r}; quote a value with special characters: {key}='{value}'",
+        )
+    cause = exc.__cause__ or exc.__context__
+    full_key = getattr(cause, "full_key", None)
+    text = str(exc)
+    where = text[len("In '") : text.index("'", 4)] if text.startswith("In '") else None
+    in_file = f" (in {where}.yaml)" if where else ""
+    if full_key and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
+        *path, key = str(full_key).split(".")
+        problem = unknown_key(path, key, values.get(str(full_key), "?"))
+        return ConfigError(problem.key, problem.value, problem.expected + in_file)
+    merging = re.match(r"Error merging override (\S+?)=", text)
+    if merging:  # the override's own key: a merge error's full_key may be relative to the node it hit
+        full_key = merging.group(1).lstrip("+~")
+    if full_key:
+        why = first_lines(cause, 1)
+        return ConfigError(str(full_key), values.get(str(full_key), "?"), f"{why}{in_file}")
+    if "An item is already at" in text:
+        key = text.split("'")[1]
+        return ConfigError(f"+{key}", values.get(key, "?"), f"is already a config key: write {key}=... without '+'")
+    if "No match in the defaults list" in text:
+        group = text.split("'")[1]
+        return ConfigError(group, values.get(group, "?"), f"add a {group} with +{group}=NAME", "config group")
+    if text.startswith("Ambiguous value for argument"):
+        key, _, value = text.split("'")[1].partition("=")
+        return ConfigError(
+            key.lstrip("+~"),
+            value,
+            f"several values sweep only with -m (--multirun); a list is {key}=[{value}], a string {key}='{value}'",
+        )
+    return ConfigError("command line", " ".join(overrides), first_lines(exc, 2), "argument")
+
+
+def _override_key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")

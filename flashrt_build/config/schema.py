@@ -283,14 +283,15 @@ def _walk(value: Any, node: Any, path: list[str], problems: list[ConfigError]) -
             if key in fields:
                 _walk(item, fields[key], [*path, str(key)], problems)
             else:
-                problems.append(_unknown(path, str(key), item))
+                problems.append(unknown_key(path, str(key), item))
     elif typing.get_origin(node) is dict:
         item_type = typing.get_args(node)[1]
         for key, item in value.items():
             _walk(item, item_type, [*path, str(key)], problems)
 
 
-def _unknown(path: list[str], key: str, value: Any) -> ConfigError:
+def unknown_key(path: list[str], key: str, value: Any) -> ConfigError:
+    """`path.key` is not a config key: say so, with the closest key that is."""
     # `+inductr.options.max_autotune=true` arrives as {inductr: {options: {max_autotune: true}}}:
     # name the key as the user typed it.
     typed = [key]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from ..errors import ConfigError
 
 # What a release build may instantiate without the user widening
 # allowed_targets: the shipped configs' own targets, each by name
@@ -40,6 +42,16 @@ def allowed_targets(config: Mapping[str, Any]) -> list[str]:
     if config.get("release"):
         patterns = [*RELEASE_TARGETS, *patterns]
     return patterns
+
+
+def allow_list_refusal(target: str, config: Mapping[str, Any]) -> str:
+    """Why a `_target_` is refused, and how to admit it: the release profile
+    is what restricts targets when the user set no allow-list."""
+    top = target.split(".")[0]
+    fix = f"to admit it, add allowed_targets=[{target}] (or a pattern such as {top}.*) on the command line"
+    if config.get("release") and not config.get("allowed_targets"):
+        return f"not allowed: a release build (release=true) admits only the shipped configs' targets; {fix}"
+    return f"not allowed; allowed_targets: {allowed_targets(config)}; {fix}"
 
 
 def target_allowed(target: str, patterns: list[str], real_name: str | None = None) -> bool:
@@ -116,3 +128,123 @@ def source_tree_sha256(root: str) -> tuple[str, int]:
         digest.update(str(path.relative_to(base) if base.is_dir() else path.name).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest(), len(files)
+
+
+def command_line_value(overrides: Sequence[str], key: str) -> tuple[bool, Any]:
+    """(given, value) of `key` among command-line overrides, parsed as Hydra parses them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for override in reversed(OverridesParser.create().parse_overrides(list(overrides))):
+        if override.key_or_group == key and not override.is_delete():
+            value = override.value()
+            return True, list(value) if isinstance(value, list) else value
+    return False, None
+
+
+def check_allow_list_source(composed: Any, overrides: Sequence[str]) -> None:
+    """The allow-list judges the config files, so none of them may set it:
+    only the command line (or the API's overrides). A module file with
+    `# @package _global_` that widened it would admit the code it names."""
+    given, value = command_line_value(overrides, "allowed_targets")
+    expected = value if given else []
+    found = [] if composed is None else composed
+    if found != expected:
+        raise ConfigError(
+            "allowed_targets",
+            found,
+            "set by a config file, which the allow-list judges: a config cannot widen the list that admits "
+            "its own code; set allowed_targets=[...] on the command line (or in compose()'s overrides)",
+        )
+
+
+# What Hydra runs from its own node, outside the build, admitted without the
+# user's allow-list: the shipped configs' callbacks, launchers and sweepers.
+HYDRA_TARGETS = (
+    "flashrt_build.sweep.summary.SweepSummary",
+    "hydra._internal.core_plugins.*",
+    "hydra_plugins.hydra_joblib_launcher.*",
+    "hydra_plugins.hydra_submitit_launcher.*",
+)
+# Objects a logging config may name (`()`, `class`, `ext://`) without the allow-list.
+LOGGING_OBJECTS = ("logging.*", "sys.stdout", "sys.stderr")
+
+
+def hydra_code_problems(
+    hydra: Mapping[str, Any], patterns: list[str], overrides: Sequence[str], shipped_setup: Sequence[str] = ()
+) -> list[ConfigError]:
+    """Under an allow-list (`patterns`), the code Hydra itself would run from
+    its node before and around the build: callbacks, launcher and sweeper
+    `_target_`s, logging factories, classes and `ext://` objects, job
+    environment variables (`LD_PRELOAD` runs code) and a launcher's shell
+    `setup` lines. Each must be Hydra's or the tool's own, on the allow-list,
+    or given on the command line."""
+    problems = []
+    allowed = [*HYDRA_TARGETS, *patterns]
+    for section in ("callbacks", "launcher", "sweeper"):
+        for key, target in find_targets(hydra.get(section), f"hydra.{section}"):
+            if not isinstance(target, str) or not any(fnmatch.fnmatchcase(target, p) for p in allowed):
+                problems.append(ConfigError(key, target, "is code Hydra runs, which the allow-list does not admit"))
+    for section in ("job_logging", "hydra_logging"):
+        for key, name in _logging_objects(hydra.get(section), f"hydra.{section}"):
+            if not any(fnmatch.fnmatchcase(name, p) for p in (*LOGGING_OBJECTS, *patterns)):
+                problems.append(ConfigError(key, name, "is code logging runs, which the allow-list does not admit"))
+    given = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    for name, value in ((hydra.get("job") or {}).get("env_set") or {}).items():
+        if f"hydra.job.env_set.{name}" not in given:
+            problems.append(
+                ConfigError(
+                    f"hydra.job.env_set.{name}",
+                    value,
+                    "set by a config file under an allow-list: environment variables reach every process "
+                    "of the build (LD_PRELOAD runs code); set them in your environment instead",
+                )
+            )
+    setup = (hydra.get("launcher") or {}).get("setup") or []
+    if "hydra.launcher.setup" not in given:
+        for i, line in enumerate(setup):
+            if line not in shipped_setup:
+                problems.append(
+                    ConfigError(f"hydra.launcher.setup.{i}", line, "a shell line the allow-list does not admit")
+                )
+    return problems
+
+
+def _logging_objects(node: Any, key: str) -> Iterator[tuple[str, str]]:
+    """(key, dotted name) of every object a logging dictConfig imports."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            if k in ("()", "class") and isinstance(v, str):
+                yield f"{key}.{k}", v
+            else:
+                yield from _logging_objects(v, f"{key}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _logging_objects(v, f"{key}.{i}")
+    elif isinstance(node, str) and node.startswith("ext://"):
+        yield key, node.removeprefix("ext://")
+
+
+def remote_code_problems(model: Any, patterns: list[str], key: str = "module.model") -> list[ConfigError]:
+    """Under an allow-list, `trust_remote_code: true` at any depth: it runs
+    code from the model's directory (its config.json `auto_map`), which no
+    pattern can judge."""
+    if not patterns:
+        return []
+    found = []
+    if isinstance(model, Mapping):
+        for k, v in model.items():
+            if k == "trust_remote_code" and v:
+                found.append(
+                    ConfigError(
+                        f"{key}.{k}",
+                        v,
+                        "runs code from the model's own directory, which an allow-list cannot judge: a release "
+                        "build (or allowed_targets) refuses it",
+                    )
+                )
+            else:
+                found += remote_code_problems(v, patterns, f"{key}.{k}")
+    elif isinstance(model, list):
+        for i, v in enumerate(model):
+            found += remote_code_problems(v, patterns, f"{key}.{i}")
+    return found

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 from clitools import mounted
-from hydra.errors import ConfigCompositionException
-from omegaconf.errors import ValidationError
 
 from flashrt_build.cli import variant_of
 from flashrt_build.config.compose import CONF_DIR, as_build_config, compose
@@ -76,21 +74,19 @@ def test_no_module_is_a_config_error() -> None:
         resolve_spec(compose([]))
 
 
-def test_unknown_module_name_is_rejected_by_hydra_listing_the_options() -> None:
-    with pytest.raises(ConfigCompositionException, match="mlp"):
+def test_unknown_module_name_is_rejected_listing_the_options() -> None:
+    with pytest.raises(ConfigError, match="config group 'module' = 'nope': no such module config; choices: .*mlp"):
         compose(["+module=nope"])
 
 
 def test_unknown_key_is_rejected_at_composition() -> None:
-    with pytest.raises(ConfigCompositionException, match="colour"):
+    with pytest.raises(ConfigError, match="'module.inputs.x.colour' = 'red': not a config key; valid keys under"):
         compose(["+module=mlp", "module.inputs.x.colour=red"])
 
 
 def test_unknown_key_in_a_user_module_file_is_rejected(tmp_path: Path) -> None:
     user_module(tmp_path, "{x: {shape: [2], colour: red}}")
-    with pytest.raises(
-        ConfigCompositionException, match=r"Key 'colour' not in 'InputConfig'(.|\n)*module.inputs.x.colour"
-    ):
+    with pytest.raises(ConfigError, match=r"'module.inputs.x.colour' = .*not a config key.*\(in module/mine.yaml\)"):
         compose(["+module=mine"], config_dir=tmp_path)
 
 
@@ -101,14 +97,13 @@ def test_user_config_dir_adds_modules(tmp_path: Path) -> None:
 
 
 def test_wrong_type_is_rejected_at_composition() -> None:
-    with pytest.raises(ConfigCompositionException) as info:
+    with pytest.raises(ConfigError) as info:
         compose(["+module=mlp", "seed=abc"])
-    assert isinstance(info.value.__cause__, ValidationError)
-    assert "seed" in str(info.value.__cause__)
+    assert info.value.key == "seed" and info.value.value == "abc" and "converted to Integer" in str(info.value)
 
 
 def test_weights_mode_is_an_enum() -> None:
-    with pytest.raises(ConfigCompositionException, match="weights"):
+    with pytest.raises(ConfigError, match="'weights' = 'sideways': Invalid value 'sideways', expected one of"):
         compose(["+module=mlp", "weights=sideways"])
 
 
@@ -213,7 +208,8 @@ def test_allowed_targets_refuse_other_targets_before_import() -> None:
 def test_release_allows_the_shipped_zoo_plus_user_patterns() -> None:
     assert resolve_spec(compose(["+module=gpt2_tiny", "release=true"])).target == "transformers.GPT2LMHeadModel"
     err = config_error("release=true", "module.model._target_=mycompany.Net")
-    assert "flashrt_build.examples.MLP" in str(err)
+    assert "a release build (release=true) admits only the shipped configs' targets" in str(err)
+    assert "add allowed_targets=[mycompany.Net]" in str(err)
     widened = resolve_spec(
         compose(["+module=mlp", "release=true", "allowed_targets=[mycompany.*]", "module.model._target_=mycompany.Net"])
     )

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from hydra.errors import ConfigCompositionException
 
 from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
@@ -101,9 +100,8 @@ def test_serve_keys_are_checked_and_keyed_where_they_matter() -> None:
         resolve_spec(compose(["+module=tiny_lm", "serve.cuda_graphs=true"]))
     with pytest.raises(ConfigError, match="'serve.max_graphs' = -2"):
         resolve_spec(compose(["+module=tiny_lm", "target=cuda", "serve.max_graphs=-2"]))
-    with pytest.raises(ConfigCompositionException, match="serve.state=copied") as info:
+    with pytest.raises(ConfigError, match=r"'serve.state' = 'copied': .*in_place, threaded"):
         compose(["+module=tiny_lm", "serve.state=copied"])
-    assert "in_place, threaded" in str(info.value.__cause__)
     base = make_plan(compose(["+module=tiny_lm", "target=cuda"])).keys
     graphs = make_plan(compose(["+module=tiny_lm", "target=cuda", "serve.cuda_graphs=true"])).keys
     threaded = make_plan(compose(["+module=tiny_lm", "target=cuda", "serve.state=threaded"])).keys

@@ -1,0 +1,65 @@
+"""The command line, checked before Hydra acts on it. Hydra runs code of its
+own before the build's first line (callbacks, logging handlers, a launcher's
+setup) and words its composition errors for its own users; so the tool
+composes each job's config first, as Hydra will: a typo, a missing config or
+an unparsable override is one line naming the key and what was expected,
+and under an allow-list (`release=true`, `allowed_targets`) nothing Hydra
+would run that the list does not admit gets the chance to run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ..errors import ConfigError, raise_all
+from .compose import CONF_DIR, compose, composition_error
+from .paths import check_config_dir
+from .targets import allowed_targets, hydra_code_problems
+
+
+def check_command_line(argv: Sequence[str]) -> None:
+    """Raise a ConfigError for what Hydra would refuse, or run unchecked."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    if args.config_dir is not None:
+        check_config_dir("--config-dir", args.config_dir)
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_name or args.config_path:
+        return  # Hydra's own pages, or a primary config of the user's: Hydra's to compose
+    overrides = list(args.overrides)
+    jobs = sweep_jobs(overrides) if args.multirun else [overrides]
+    for number, job in enumerate(jobs, 1):
+        try:
+            cfg = compose(job, config_dir=args.config_dir, with_hydra=True)
+            config = OmegaConf.to_container(cfg, resolve=False)
+            patterns = allowed_targets(config)
+            if patterns:
+                raise_all(hydra_code_problems(config["hydra"], patterns, job, shipped_setup_lines()))
+        except ConfigError as exc:
+            if len(jobs) == 1:
+                raise
+            where = f" (sweep job {number} of {len(jobs)}: {' '.join(job)})"
+            raise ConfigError(exc.key, exc.value, exc.expected + where, exc.kind) from None
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper splits a multirun."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as exc:
+        raise composition_error(exc, overrides) from None
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def shipped_setup_lines() -> list[str]:
+    """The shell lines the shipped launcher configs run before a build (SLURM's `setup`)."""
+    lines: list[str] = []
+    for path in sorted((Path(CONF_DIR) / "hydra" / "launcher").glob("*.yaml")):
+        lines += OmegaConf.to_container(OmegaConf.load(path)).get("setup") or []
+    return lines
