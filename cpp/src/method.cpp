@@ -75,10 +75,12 @@ void Method::Impl::drop_graphs() {
 namespace {
 
 // The compiled code's flat inputs: run()'s, with the threaded state in its slots.
+// The code reads each input with row-major strides: a non-contiguous one (a
+// transpose, an expand) is copied to row-major first; a contiguous one is not.
 std::vector<at::Tensor> flat_inputs(const Method::Impl& m, const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> flat;
   flat.reserve(m.slots.size());
-  for (int slot : m.slots) flat.push_back(slot >= 0 ? inputs[slot] : m.state_in[-1 - slot]);
+  for (int slot : m.slots) flat.push_back(slot >= 0 ? inputs[slot].contiguous() : m.state_in[-1 - slot]);
   return flat;
 }
 

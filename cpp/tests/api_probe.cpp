@@ -12,6 +12,13 @@
 //   flashrt-api-probe errors DIR IN CKPT
 //       Tries weights and inputs the package must refuse; prints one
 //       "<case>: <message>" line each (or "<case>: accepted").
+//   flashrt-api-probe strided DIR IN OUT
+//       Calls DIR (a package of one input) on IN's tensor of that input's name
+//       in layouts that are not row-major: "transposed" (its values, the last
+//       two axes swapped in memory), "expanded" (its first row repeated,
+//       stride 0) and "sliced" (its values inside a buffer twice as wide).
+//       Writes "<case>.<output>" and prints "<case>: contiguous <yes|no>",
+//       of the view passed, for each.
 #include <flashrt/package.h>
 
 #include <ATen/ATen.h>
@@ -113,6 +120,26 @@ int errors(char** argv) {
   return 0;
 }
 
+int strided(char** argv) {
+  const std::filesystem::path dir = argv[2], in = argv[3], out_path = argv[4];
+  Package pkg = Package::open(dir);
+  const at::Tensor x = flashrt::SafetensorsFile(in).tensor(pkg.inputs().at(0).name).clone();
+  std::vector<int64_t> wide = x.sizes().vec();
+  wide.back() *= 2;
+  const std::vector<std::pair<std::string, at::Tensor>> views = {
+      {"transposed", x.transpose(-2, -1).contiguous().transpose(-2, -1)},
+      {"expanded", x.narrow(0, 0, 1).expand(x.sizes())},
+      {"sliced", at::zeros(wide, x.options()).narrow(-1, x.size(-1) / 2, x.size(-1)).copy_(x)},
+  };
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [label, view] : views) {
+    std::cout << label << ": contiguous " << (view.is_contiguous() ? "yes" : "no") << "\n";
+    add_outputs(out, label + ".", pkg, pkg.run({view}));
+  }
+  flashrt::save_safetensors(out_path, out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,11 +147,13 @@ int main(int argc, char** argv) {
   try {
     if (mode == "run" && argc >= 5) return run(argc, argv);
     if (mode == "errors" && argc == 5) return errors(argv);
+    if (mode == "strided" && argc == 5) return strided(argv);
   } catch (const flashrt::Error& e) {
     std::cerr << "flashrt-api-probe: error: " << e.what() << "\n";
     return 1;
   }
   std::cerr << "usage: flashrt-api-probe run DIR IN OUT [--map CKPT] [--calls N] [--edit NAME]\n"
-               "       flashrt-api-probe errors DIR IN CKPT\n";
+               "       flashrt-api-probe errors DIR IN CKPT\n"
+               "       flashrt-api-probe strided DIR IN OUT\n";
   return 2;
 }

@@ -23,7 +23,7 @@ from .inputs import NAME, InputSpec, MethodSpec, canonical_dtype, resolve_method
 from .paths import check_output_dir, check_temp_dir, check_writable
 from .quant import QuantRecipe, resolve_quant
 from .schema import StateMode, WeightsMode, unknown_keys
-from .targets import allowed_targets, find_targets, target_allowed
+from .targets import allow_list_refusal, allowed_targets, find_targets, remote_code_problems, target_allowed
 from .toolchain import check_compiler, compiler_path, march_rejected
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -173,7 +173,8 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
             if key != "module.model._target_":  # reported above
                 problems.append(ConfigError(key, value, "expected a dotted import path"))
         elif allowed and not target_allowed(value, allowed):
-            problems.append(ConfigError(key, value, f"not allowed; allowed_targets: {allowed}"))
+            problems.append(ConfigError(key, value, allow_list_refusal(value, config)))
+    problems += remote_code_problems(model, allowed)
     methods = resolve_methods(module, check)
 
     device = config["target"]["device"]
@@ -191,7 +192,11 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     tf32 = tf32_policy(device, dtype, config["target"].get("tf32"))
 
     checkpoint = module.get("checkpoint")
-    resolved = check(resolve_checkpoint, "module.checkpoint", checkpoint, cwd / checkpoint) if checkpoint else None
+    resolved = (
+        check(resolve_checkpoint, "module.checkpoint", checkpoint, cwd / Path(checkpoint).expanduser())
+        if checkpoint
+        else None
+    )
     rename = _resolve_renames(module.get("checkpoint_rename") or [], checkpoint, problems)
 
     verify = config["verify"]
@@ -244,7 +249,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
             problems.append(ConfigError(key, march, f"{compiler_path(cxx)} rejects -march={march}: {rejected}"))
     output_dir = check(derive_output_dir, config, cwd)
     before_paths = len(problems)
-    output_root = (cwd / config["output_root"]).resolve()
+    output_root = (cwd / Path(config["output_root"]).expanduser()).resolve()
     files = check(model_files, model, cwd, output_root) or []
     if resolved is not None:
         files = checkpoint_files(resolved) + files
@@ -324,9 +329,9 @@ def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
     (the quant recipe unless `none`), never a timestamp, so a rebuild lands
     where the last one did.
     """
-    root = (cwd / config["output_root"]).resolve()
+    root = (cwd / Path(config["output_root"]).expanduser()).resolve()
     if config.get("output_dir"):
-        return (cwd / config["output_dir"]).resolve()
+        return (cwd / Path(config["output_dir"]).expanduser()).resolve()  # `~`: the home directory
     parts = [config["target"]["name"], str(config["weights"]), config["inductor"]["name"]]
     if config.get("quant", {}).get("name", "none") != "none":
         parts.append(config["quant"]["name"])

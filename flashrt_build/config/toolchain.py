@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -48,41 +49,54 @@ def cpu_isa() -> str:
 
 
 def check_compiler(cxx: str | None) -> None:
-    """The compiler a build would call must exist: `toolchain.cxx`, else the
-    CXX environment variable, else g++. A ConfigError names whichever chose it."""
+    """The compiler a build would call must exist and compile: `toolchain.cxx`,
+    else the CXX environment variable, else g++. A ConfigError names
+    whichever chose it, before any work (not after a minute of exporting)."""
     if cxx is not None:
-        if shutil.which(cxx) is None:
-            raise ConfigError("toolchain.cxx", cxx, "no such compiler on PATH")
+        key, value, kind, how = "toolchain.cxx", cxx, "config key", ""
     elif os.environ.get("CXX"):
-        if shutil.which(os.environ["CXX"]) is None:
-            raise ConfigError(
-                "CXX",
-                os.environ["CXX"],
-                "no such compiler on PATH; with toolchain.cxx null the build uses $CXX: fix it or set toolchain.cxx",
-                "environment variable",
-            )
-    elif shutil.which("g++") is None:
-        raise ConfigError("toolchain.cxx", None, "no C++ compiler: g++ is not on PATH; set toolchain.cxx or CXX")
+        key, value, kind = "CXX", os.environ["CXX"], "environment variable"
+        how = "; with toolchain.cxx null the build uses $CXX: fix it or set toolchain.cxx"
+    else:
+        key, value, kind, how = "toolchain.cxx", None, "config key", ""
+    name = value or "g++"
+    if shutil.which(name) is None:
+        what = "no such compiler on PATH" if value else "no C++ compiler: g++ is not on PATH; set toolchain.cxx or CXX"
+        raise ConfigError(key, value, what + (how if value else ""), kind)
+    failed = compile_rejected(compiler_path(value), None)
+    if failed is not None:
+        raise ConfigError(key, value, f"cannot compile C++ (a one-line file fails: {failed}){how}", kind)
+
+
+def march_rejected(cxx: str, march: str) -> str | None:
+    """None when the compiler accepts `-march=<march>`, else its complaint."""
+    return compile_rejected(cxx, march)
 
 
 @functools.cache
-def march_rejected(cxx: str, march: str) -> str | None:
-    """None when the compiler accepts `-march=<march>`, else its complaint."""
-    try:
-        out = subprocess.run(
-            [cxx, f"-march={march}", "-x", "c++", "-fsyntax-only", "-"],
-            input="",
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if out.returncode == 0:
-        return None
+def compile_rejected(cxx: str, march: str | None) -> str | None:
+    """None when the compiler turns a one-line C++ file into an object file
+    (with `-march=<march>`), else its complaint: a path that names no
+    compiler (`/bin/false` fails, `/bin/true` writes nothing)."""
+    flags = [f"-march={march}"] if march else []
+    with tempfile.TemporaryDirectory(prefix="flashrt-cxx-") as scratch:
+        made = Path(scratch) / "probe.o"
+        try:
+            out = subprocess.run(
+                [cxx, *flags, "-x", "c++", "-c", "-", "-o", str(made)],
+                input="int flashrt_probe() { return 0; }\n",
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        if out.returncode == 0 and made.is_file() and made.stat().st_size:
+            return None
     lines = [line.strip() for line in out.stderr.splitlines() if "error" in line.lower()]
-    return (lines or out.stderr.strip().splitlines() or ["failed"])[0]
+    fallback = f"exit code {out.returncode}" if out.returncode else "it wrote no object file"
+    return (lines or out.stderr.strip().splitlines() or [fallback])[0]
 
 
 # The toolchain fields an artifact's bytes depend on (the build key's);

@@ -86,6 +86,9 @@ class PackageMethod:
         if len(bound) < len(self._order):
             raise TypeError(f"missing inputs: {', '.join(n for n in self._order if n not in bound)}")
         self._check(bound, values)
+        for name, value in bound.items():  # compiled code reads row-major: a view laid out otherwise reads wrong
+            if not value.is_contiguous():
+                bound[name] = value.contiguous()
         with self._lock:
             if self._tf32 is None:
                 return self._run(bound)

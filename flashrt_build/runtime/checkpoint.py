@@ -71,6 +71,38 @@ class CheckpointFiles:
             return checkpoint_table(file, self.key, self.kind)
         return {name: (list(t.shape), dtype_name(t.dtype)) for name, t in self._torch(file).items()}
 
+    def tables(self) -> dict[Path, dict[str, tuple[list[int], str]]]:
+        """Every file's table, in order, once each shard is checked against
+        its directory's index: a tensor the index places in one shard and
+        another shard also holds would otherwise bind whichever came last."""
+        tables = {}
+        for file in self.checkpoint.files:
+            tables[file] = table = self.table(file)
+            self._check_index(file, table)
+        return tables
+
+    def _check_index(self, file: Path, table: Mapping[str, Any]) -> None:
+        """A sharded checkpoint's index and the shard's own header must agree on what it holds."""
+        if not self.checkpoint.weight_map:
+            return
+        listed = {name for name, shard in self.checkpoint.weight_map.items() if shard == file.name}
+        if listed != set(table):
+            absent, extra = sorted(listed - set(table)), sorted(set(table) - listed)
+            said = "; ".join(
+                part
+                for part in (
+                    f"lacks {_first(absent)}" if absent else "",
+                    f"also holds {_first(extra)}" if extra else "",
+                )
+                if part
+            )
+            raise ConfigError(
+                self.key,
+                str(self.checkpoint.path),
+                f"shard {file.name} does not hold what its index says: {said}",
+                self.kind,
+            )
+
     def read(self, file: Path, name: str) -> torch.Tensor:
         """One tensor of one file, whole."""
         if self.checkpoint.format == "safetensors":
@@ -126,6 +158,10 @@ def _read_exactly(f: Any, into: torch.Tensor, file: Path, name: str) -> None:
         if not n:
             raise ConfigError("module.checkpoint", str(file), f"ends inside tensor {name}: the file is truncated")
         got += n
+
+
+def _first(items: list[str], shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def _torch_state(
@@ -259,7 +295,7 @@ def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str
     kind; empty when it fits. Loads neither the package nor tensor data."""
     manifest = read_manifest(Path(output_dir))
     files = CheckpointFiles(as_argument("CHECKPOINT", checkpoint), "CHECKPOINT", "argument")
-    table = {name: entry for file in files.checkpoint.files for name, entry in files.table(file).items()}
+    table = {name: entry for file_table in files.tables().values() for name, entry in file_table.items()}
     weights = manifest["weights"]
     # State buffers (a KV cache) are bound apart: a checkpoint may hold them, as `load` accepts.
     accepted = [*weights.get("unused", []), *(t["fqn"] for t in (manifest.get("state") or {}).get("tensors", []))]
@@ -291,7 +327,9 @@ def as_argument(name: str, path: str | Path) -> Checkpoint:
 
 
 def read_all(checkpoint: Checkpoint, device: str | torch.device, name: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint's files, on `device`."""
+    """Every tensor of a checkpoint's files, on `device`, each from the one
+    shard its index places it in (checked first, as the build checks it)."""
+    CheckpointFiles(checkpoint, name, "argument").tables()
     tensors: dict[str, torch.Tensor] = {}
     for file in checkpoint.files:
         tensors.update(read_checkpoint(file, device, name, "argument"))

@@ -52,9 +52,12 @@ def load_contract(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def read_contract(package: Path) -> dict[str, Any] | None:
     """The contract a package was built with, or None for a package built before they were recorded."""
-    with zipfile.ZipFile(package) as archive:
-        member = next((n for n in archive.namelist() if n.partition("/")[2] == CONTRACT_MEMBER), None)
-        return None if member is None else json.loads(archive.read(member))
+    try:
+        with zipfile.ZipFile(package) as archive:
+            member = next((n for n in archive.namelist() if n.partition("/")[2] == CONTRACT_MEMBER), None)
+            return None if member is None else json.loads(archive.read(member))
+    except (zipfile.BadZipFile, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{package} is not an AOTInductor package: not a readable zip archive ({exc})") from None
 
 
 def check_contract(package: Path, manifest: dict[str, Any], path: Path | str = MANIFEST) -> None:

@@ -8,6 +8,7 @@ the key, the file and why."""
 from __future__ import annotations
 
 import json
+import stat
 import struct
 import zipfile
 from collections.abc import Mapping
@@ -47,7 +48,10 @@ class Checkpoint:
 
 def checkpoint_format(path: Path) -> str:
     """The format of a file that is a complete checkpoint, "safetensors" or
-    "torch"; else a ValueError saying why it is not one."""
+    "torch"; else a ValueError saying why it is not one. Reads at most the
+    header a regular file declares, and nothing of anything else."""
+    if not path.is_file():
+        raise ValueError(f"{_special(path)}, not a checkpoint file")
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -73,32 +77,64 @@ def checkpoint_format(path: Path) -> str:
 
 
 def _check_safetensors(text: bytes, data_size: int) -> None:
+    """A header safetensors itself would accept: a JSON object whose every
+    tensor has a known dtype, a shape of sizes and integer offsets that tile
+    the data exactly (no gap, no overlap, nothing past its end). Reading a
+    file that breaks any of these is a TypeError deep in a library, or worse."""
     try:
         header = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"a safetensors file whose header is not JSON ({exc})") from None
+        raise ValueError(f"not a valid safetensors file: its header is not JSON ({exc})") from None
     if not isinstance(header, dict):
-        raise ValueError("a safetensors file whose header is not a JSON object")
-    end = 0
+        raise ValueError("not a valid safetensors file: its header is not a JSON object")
+    spans = []
     for name, entry in header.items():
         if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise ValueError("not a valid safetensors file: its __metadata__ is not a map of strings")
             continue
-        try:
-            begin, stop = entry["data_offsets"]
-            count = 1
-            for n in entry["shape"]:
-                count *= int(n)
-            itemsize = ITEMSIZE.get(entry["dtype"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"a safetensors file whose header entry for {name!r} is malformed") from None
-        if not 0 <= begin <= stop or (itemsize is not None and stop - begin != count * itemsize):
-            raise ValueError(f"a safetensors file whose header entry for {name!r} disagrees with its shape")
-        end = max(end, stop)
+        spans.append((*_tensor_span(name, entry), name))
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            what = "overlaps the tensor before it" if begin < end else f"leaves bytes {end}-{begin} unused"
+            raise ValueError(f"not a valid safetensors file: tensor {name!r} {what} (data_offsets [{begin}, {stop}])")
+        end = stop
     if end > data_size:
         raise ValueError(
             f"a truncated safetensors file: its header places tensor data up to byte {end} of the data, "
             f"which holds {data_size} bytes"
         )
+    if end < data_size:
+        raise ValueError(f"not a valid safetensors file: {data_size - end} bytes after its last tensor's data")
+
+
+def _tensor_span(name: str, entry: object) -> tuple[int, int]:
+    """(begin, end) of one header entry's data, once its fields are checked."""
+    bad = f"not a valid safetensors file: the header entry for {name!r}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{bad} is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in ITEMSIZE:
+        raise ValueError(f"{bad} has dtype {dtype!r}, not one of {', '.join(sorted(ITEMSIZE))}")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise ValueError(f"{bad} has shape {shape!r}, expected a list of sizes >= 0")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(n) is int for n in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise ValueError(f"{bad} has data_offsets {offsets!r}, expected [begin, end] with 0 <= begin <= end")
+    count = 1
+    for n in shape:
+        count *= n
+    if offsets[1] - offsets[0] != count * ITEMSIZE[dtype]:
+        raise ValueError(
+            f"{bad} has {offsets[1] - offsets[0]} bytes of data, but shape {shape} of {dtype} takes "
+            f"{count * ITEMSIZE[dtype]}"
+        )
+    return offsets[0], offsets[1]
 
 
 def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
@@ -110,6 +146,8 @@ def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
     if not path.exists():
         raise ConfigError(key, value, f"no such file or directory ({path})")
     if not path.is_dir():
+        if not path.is_file():  # /dev/zero never ends, a FIFO never answers
+            raise ConfigError(key, value, f"is {_special(path)}, not a checkpoint file")
         return Checkpoint(path, (path,), _file_format(key, value, path))
     for name, fmt in HF_LAYOUTS:
         found = path / name
@@ -145,7 +183,19 @@ def _weight_map(key: str, value: str, index: Path) -> dict[str, str]:
     return weight_map
 
 
+def _special(path: Path) -> str:
+    """What a path that is neither a regular file nor a directory is."""
+    mode = path.stat().st_mode
+    for test, what in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
 def _expect(key: str, value: str, file: Path, fmt: str, index: Path | None = None) -> str:
+    if file.exists() and not file.is_file():
+        raise ConfigError(key, value, f"holds {file.name}, which is {_special(file)}, not a checkpoint file")
     if not file.is_file():
         tensors = "" if index is None else f" ({index.name} maps tensors to it)"
         raise ConfigError(key, value, f"lacks the shard {file.name}{tensors}")

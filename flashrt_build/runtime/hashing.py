@@ -92,8 +92,12 @@ def config_sha256(config: Any) -> str:
 
 
 def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
-    """The path of a file the manifest lists, once its sha256 matches."""
-    path = output_dir / section["file"]
+    """The path of a file the manifest lists, once its sha256 matches: a
+    file in the output directory, never one a manifest points to elsewhere."""
+    name = section["file"]
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise ArtifactError(f"{output_dir}: the manifest names {name!r} for {what}, which is not a file in it")
+    path = output_dir / name
     if not path.is_file():
         raise ArtifactError(f"{path} is missing")
     digest = altered_digest(path, section)

@@ -58,8 +58,9 @@ def _check(value: Any, schema: dict[str, Any], root: dict[str, Any], key: str, p
             if not found:
                 break
             attempts.append(found)
-        else:  # no option fits: say why the closest one did not
-            problems.extend(min(attempts, key=len))
+        else:  # no option fits: say why the closest one did not, an option of the value's type first
+            fits = [_type_fits(value, option, root) for option in schema["oneOf"]]
+            problems.extend(min(zip(attempts, fits, strict=True), key=lambda a: (not a[1], len(a[0])))[0])
     shown = key or "the manifest"
     if "const" in schema and value != schema["const"]:
         problems.append(f"{shown} is {_brief(value)}, expected {_brief(schema['const'])}")
@@ -99,6 +100,14 @@ def _check_object(
             _check(item, properties[field], root, at, problems)
         elif isinstance(schema.get("additionalProperties"), dict):
             _check(item, schema["additionalProperties"], root, at, problems)
+
+
+def _type_fits(value: Any, schema: dict[str, Any], root: dict[str, Any]) -> bool:
+    """Is `value` of the type a schema (or the first it refers to or combines) declares?"""
+    while "type" not in schema and ("$ref" in schema or schema.get("allOf")):
+        schema = root["$defs"][schema["$ref"].removeprefix("#/$defs/")] if "$ref" in schema else schema["allOf"][0]
+    types = schema.get("type", [])
+    return any(_is(value, t) for t in ([types] if isinstance(types, str) else types))
 
 
 def _is(value: Any, kind: str) -> bool:

@@ -7,7 +7,6 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -33,9 +32,7 @@ def load_checkpoint(module: torch.nn.Module, checkpoint: Checkpoint, rename: Seq
     own = module.state_dict(keep_vars=True)
     tied = _tied_groups(own)
     found: dict[str, tuple[Path, str, list[int], str]] = {}  # module name -> (file, name in it, shape, dtype)
-    for file in checkpoint.files:
-        table = files.table(file)
-        _check_index(checkpoint, file, table)
+    for file, table in files.tables().items():
         for name, (shape, dtype) in table.items():
             target = _renamed(name, rename)
             if target in found:
@@ -105,23 +102,6 @@ def _tied_groups(own: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, ...]]:
             )
             by_storage.setdefault(layout, []).append(name)
     return {n: tuple(m for m in names if m != n) for names in by_storage.values() if len(names) > 1 for n in names}
-
-
-def _check_index(checkpoint: Checkpoint, file: Path, table: Mapping[str, Any]) -> None:
-    """A sharded checkpoint's index and the shard's own header must agree on what it holds."""
-    if not checkpoint.weight_map:
-        return
-    listed = {name for name, shard in checkpoint.weight_map.items() if shard == file.name}
-    if listed != set(table):
-        absent, extra = sorted(listed - set(table)), sorted(set(table) - listed)
-        said = "; ".join(
-            part
-            for part in (f"lacks {_first(absent)}" if absent else "", f"also holds {_first(extra)}" if extra else "")
-            if part
-        )
-        raise ConfigError(
-            "module.checkpoint", str(checkpoint.path), f"shard {file.name} does not hold what its index says: {said}"
-        )
 
 
 def _mismatch(checkpoint: Checkpoint, target: str, entry: tuple[Path, str, list[int], str], want: torch.Tensor) -> str:

@@ -52,16 +52,30 @@ def check_input_names(module: torch.nn.Module, spec: BuildSpec, method: MethodSp
     named = {p.name: p for p in parameters if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}
     takes_args = any(p.kind is P.VAR_POSITIONAL for p in parameters)
     takes_kwargs = any(p.kind is P.VAR_KEYWORD for p in parameters)
+    by_place = [p.name for p in parameters if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
     owner = f"{type(module).__name__}.{method.attr}"
     problems = []
+    positional = [inp for inp in method.inputs if inp.positional]
+    for place, inp in enumerate(positional):  # passed by place: its name is a label, its count must fit
+        if place >= len(by_place) and not takes_args:
+            problems.append(
+                ConfigError(
+                    f"{method.key}.inputs.{inp.name}.positional",
+                    True,
+                    f"{owner} takes {len(by_place)} positional argument(s) ({', '.join(by_place) or 'none'}); "
+                    f"the config passes {len(positional)}",
+                )
+            )
     for inp in method.inputs:
+        if inp.positional:
+            continue
         key = f"{method.key}.inputs.{inp.name}"
         parameter = named.get(inp.name)
-        if parameter is None and not (inp.positional and takes_args):
+        if parameter is None:
             problems.append(
                 ConfigError(key, inp.name, f"{owner} has no parameter '{inp.name}'{_hint(inp.name, named)}")
             )
-        elif parameter is not None and parameter.kind is P.POSITIONAL_ONLY and not inp.positional:
+        elif parameter.kind is P.POSITIONAL_ONLY:
             problems.append(ConfigError(f"{key}.positional", False, f"{owner} takes '{inp.name}' by position only"))
     for name in method.kwargs:
         if name not in named and not takes_kwargs:

@@ -35,8 +35,12 @@ def instantiate_stage(spec: BuildSpec, digests: Mapping[str, str]) -> Stage[torc
 def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     """Build the `nn.Module`, seeded, in eval mode, on the target device and dtype."""
     torch.manual_seed(spec.seed)  # its targets were located and allowed by the preflight
+    pretrained = _is_from_pretrained(spec.target)
     try:
-        module = instantiate(dict(spec.model), _convert_="all")
+        module = instantiate(dict(spec.model), _convert_="all", **({"output_loading_info": True} if pretrained else {}))
+        if pretrained:
+            module, report = module
+            _check_loading_report(spec, report)
     except InstantiationException as exc:
         cause = exc.__cause__ or exc
         raise InstantiateError(
@@ -52,6 +56,42 @@ def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     module.eval()
     module.to(device=spec.device, dtype=torch_dtype(spec.dtype))
     return module
+
+
+def _is_from_pretrained(target: str) -> bool:
+    """A transformers `from_pretrained` (of a model class or an Auto class):
+    it reports which of the directory's tensors it loaded."""
+    name = real_name(locate_target(target)) or ""
+    return name.endswith(".from_pretrained") and name.startswith("transformers.")
+
+
+def _check_loading_report(spec: BuildSpec, report: Mapping[str, Any]) -> None:
+    """transformers loads what matches and initialises the rest randomly,
+    with a warning; a build must not publish random weights as trained ones,
+    so anything missing, unexpected or of another shape fails it, as a
+    `module.checkpoint` that does not fit does."""
+    kinds = {"missing": "missing_keys", "unexpected": "unexpected_keys", "wrong shape": "mismatched_keys"}
+    found = {label: sorted(map(str, report.get(key) or ())) for label, key in kinds.items()}
+    problems = [f"{len(names)} {label}: {_first(names)}" for label, names in found.items() if names]
+    if problems:
+        key, value = _pretrained_path(spec.model)
+        raise ConfigError(
+            key,
+            value,
+            "holds weights that do not fit the model transformers built from it (it would initialise what is "
+            "missing randomly): " + "; ".join(problems),
+        )
+
+
+def _pretrained_path(model: Mapping[str, Any]) -> tuple[str, Any]:
+    if "pretrained_model_name_or_path" in model:
+        return "module.model.pretrained_model_name_or_path", model["pretrained_model_name_or_path"]
+    args = model.get("_args_") or [None]
+    return "module.model._args_.0", args[0]
+
+
+def _first(items: list[str], shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
     ("args", "needles"),
     [
         ([], ["config key 'module'", "+module=NAME"]),
-        (["+module=nope"], ["Could not find 'module/nope'", "mlp", "gpt2_tiny"]),
+        (["+module=nope"], ["config group 'module' = 'nope': no such module config", "mlp", "gpt2_tiny"]),
         (["+module=mlp", "module.inputs.x.colour=red"], ["colour"]),
         (["+module=mlp", "seed=abc"], ["seed", "abc"]),
         (["+module=mlp", "module.inputs.x.dtype=float33"], ["module.inputs.x.dtype", "float33", "expected a dtype"]),
@@ -114,11 +114,13 @@ def test_hydra_flags_work() -> None:
 
 @pytest.mark.slow
 def test_user_module_builds_from_config_dir_with_positional_input_and_dict_output(tmp_path: Path) -> None:
+    """A positional input is passed by its place: its name (`features`, for
+    the forward's `x`) is a label, which a build once held against the forward."""
     conf = module_conf(
         tmp_path,
         "two",
         "name: two\nmodel: {_target_: modules.TwoInputs}\ninputs:\n"
-        "  x: {shape: [3, 4], positional: true, dynamic: {0: {name: batch, min: 1, max: 32}}}\n"
+        "  features: {shape: [3, 4], positional: true, dynamic: {0: {name: batch, min: 1, max: 32}}}\n"
         "  scale: {shape: [3, 1], dynamic: {0: {name: batch, min: 1, max: 32}}}\n",
     )
     out = tmp_path / "artifact"

@@ -378,6 +378,27 @@ def test_the_callers_tensors_are_bound_without_a_copy(
     torch.testing.assert_close(result["edited.output"], flashrt_build.load(mlp_external_build.output_dir, weights)(x))
 
 
+def test_non_contiguous_inputs_are_read_in_their_own_layout(
+    cpp_tools: dict[str, Path], gpt2_external_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    """The compiled code reads its inputs row-major: a transposed, expanded or
+    sliced view passed as it is gave the logits of other token ids, those its
+    storage holds in that order. gpt2's ids go to a generated gather; the mlp's
+    x to an extern addmm, which follows any strides, so would not show it."""
+    ids = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(0))
+    given, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file({"input_ids": ids}, str(given))
+    proc = run(cpp_tools["probe"], "strided", gpt2_external_build.output_dir, given, out)
+    assert proc.returncode == 0, proc.stderr
+    # each view the probe passed was laid out otherwise than row-major
+    assert proc.stdout == "transposed: contiguous no\nexpanded: contiguous no\nsliced: contiguous no\n"
+    result = load_file(str(out))
+    model = flashrt_build.load(gpt2_external_build.output_dir)
+    expected = {"transposed": ids, "expanded": ids[:1].expand(2, 7).contiguous(), "sliced": ids}
+    for case, values in expected.items():
+        torch.testing.assert_close(result[f"{case}.logits"], model(values).logits, msg=lambda m, c=case: f"{c}: {m}")
+
+
 def test_a_stateful_package_threads_its_state_call_after_call(
     cpp_tools: dict[str, Path], stateful_package: Path, tmp_path: Path
 ) -> None:

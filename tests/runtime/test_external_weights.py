@@ -265,3 +265,19 @@ def test_a_files_floating_point_tensors_are_cast_the_callers_are_not(
         match=r"wrong dtype: fc1.bias bfloat16 \(package expects float32\), fc1.weight bfloat16",
     ):
         flashrt_build.load(mlp_external_build.output_dir, weights=half)
+
+
+def test_non_contiguous_inputs_are_read_as_their_values(gpt2_external_build: flashrt_build.BuildResult) -> None:
+    """A transposed, an expanded (stride 0) and a strided view of token ids:
+    the package's own kernels read row-major, so each view is copied first
+    (a transposed input once read 2.6 off; an expanded one past its storage)."""
+    model = flashrt_build.load(gpt2_external_build.output_dir)
+    torch.manual_seed(0)
+    views = {
+        "transposed": torch.randint(0, 1000, (7, 2)).t(),
+        "expanded": torch.randint(0, 1000, (1, 7)).expand(2, 7),
+        "strided": torch.randint(0, 1000, (2, 14))[:, ::2],
+    }
+    for name, ids in views.items():
+        assert not ids.is_contiguous(), name
+        torch.testing.assert_close(model(input_ids=ids), model(input_ids=ids.contiguous()), msg=name)

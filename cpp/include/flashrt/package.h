@@ -104,6 +104,7 @@ class Method {
   // One call. Inputs in the order of inputs() (positional inputs, then keyword
   // ones), or by name. Returns the output tree's leaves in order (see
   // output_names()). State the package writes is written before it returns.
+  // Non-contiguous inputs are copied to row-major first; contiguous ones are not.
   //
   // With CUDA graphs, the first call of a shape runs as it is (the warm-up),
   // the second captures a graph, which every later call of that shape
