@@ -9,6 +9,11 @@ import sys
 
 
 def main() -> None:
+    if "--version" in sys.argv[1:] or "-V" in sys.argv[1:]:  # ours, not Hydra's own version
+        from . import __version__
+
+        print(f"flashrt_build {__version__}")
+        return
     try:
         import hydra  # noqa: F401
         import omegaconf  # noqa: F401

@@ -4,6 +4,7 @@
     check.py    python -m flashrt_build.check: does a checkpoint fit a built package?
     repro.py    python -m flashrt_build.repro: rebuild a release, compare it member by member
     clean.py    python -m flashrt_build.store clean: prune the build store
+    cpp.py      python -m flashrt_build.cpp --cmake-dir: where the C++ library's CMake project is
 
 May import anything of flashrt_build; nothing imports them but their shims.
 """

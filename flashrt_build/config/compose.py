@@ -17,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import ConfigError, first_lines, raise_all
 from .paths import check_config_dir
 from .schema import BuildConfig, register_schema, unknown_key, unknown_keys
+from .shipped import CONF_DIR
 from .targets import check_allow_list_source
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+__all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error"]
 
 
 def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictConfig:
