@@ -7,10 +7,7 @@ Imports are lazy: the command line decides that a build is up to date without
 importing torch.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -40,9 +37,14 @@ _EXPORTS = {
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        value = getattr(_importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names (imported lazily), as `dir(flashrt_build)` shows them."""
+    return sorted({*__all__, "__version__"})

@@ -7,22 +7,21 @@ HYDRA_FULL_ERROR=1) for the traceback.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import sys
 import tempfile
 from pathlib import Path
 
 import hydra
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from .cache.key import COSMETIC_KEYS
 from .config.command_line import check_command_line
-from .config.compose import CONF_DIR
+from .config.compose import CONF_DIR, name_and_place
 from .config.inputs import NAME
+from .config.naming import group_overrides
 from .config.paths import check_writable
 from .config.schema import register_schema
 from .errors import ConfigError, Interrupted, quiet_known_warnings, stop_on_signals
@@ -30,9 +29,6 @@ from .stages.threads import default_parallel_jobs
 
 log = logging.getLogger("flashrt_build")
 
-# Overrides that pick a group, or say where to build and how to check it (the
-# key's cosmetic keys); any other override makes a variant with its own directory.
-_NAMING_KEYS = {"module", "target", "inductor", "quant", "weights", *COSMETIC_KEYS}
 
 # Exit codes of the jobs this process ran (one in a run, several in a sweep).
 _job_codes: list[int] = []
@@ -64,35 +60,28 @@ OmegaConf.register_new_resolver("flashrt_logs_root", logs_root, replace=True)
 OmegaConf.register_new_resolver("flashrt_logs_name", logs_name, replace=True)
 
 
-# Longer variant names keep their start and end in a digest of the whole.
-MAX_VARIANT = 96
+def _baseline() -> DictConfig:
+    """This job's config from its config-file choices alone (`+module=mlp`,
+    `quant=int8_wo`), without its other overrides: what the variant names
+    the differences from."""
+    hydra_cfg = HydraConfig.get()
+    loader = GlobalHydra.instance().config_loader()
+    chosen = group_overrides(list(hydra_cfg.overrides.task), loader.get_group_options)
+    return loader.load_configuration(hydra_cfg.job.config_name, chosen, RunMode.RUN)
 
 
-def variant_of(overrides: list[str]) -> str | None:
-    """A directory-safe suffix from overrides that are not group choices."""
-    parts = []
-    for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
-        if key in _NAMING_KEYS or key.split(".")[0] in ("verify", "hydra"):
-            continue
-        if key == "module.checkpoint":  # the file's stem says which checkpoint, not its path
-            key, value = "ckpt", Path(value).stem
-        elif "/" in value and Path(value).name:  # a path (a from_pretrained directory): its name, not where it is
-            key, value = key.rpartition(".")[2], Path(value).name
-        parts.append(re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{key}={value}"))
-    variant = ",".join(parts).replace("=", "_").replace(",", "-")
-    if len(variant) > MAX_VARIANT:  # a file name holds 255 bytes; the lock and staging names add to it
-        variant = f"{variant[: MAX_VARIANT - 13]}-{hashlib.sha256(variant.encode()).hexdigest()[:12]}"
-    return variant or None
+def _config_dir() -> str | None:
+    """The `--config-dir` this command was given, if any."""
+    found = [s.path for s in HydraConfig.get().runtime.config_sources if s.provider == "command-line"]
+    return found[0].removeprefix("file://") if found else None
 
 
 def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
     from .errors import FlashrtError, UnexpectedError, interrupted_instead, log_failure
 
-    if cfg.get("variant") is None and HydraConfig.initialized():
-        with open_dict(cfg):
-            cfg.variant = variant_of(list(HydraConfig.get().overrides.task))
+    if HydraConfig.initialized():
+        name_and_place(cfg, _baseline(), _config_dir())
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         from .sweep.job import run_sweep_job  # a build per fresh process, a record for the summary
 

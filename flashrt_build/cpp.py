@@ -1,4 +1,4 @@
-"""`python -m flashrt_build.cpp --cmake-dir`: where the C++ library's CMake project is (flashrt_build/commands/cpp.py)."""
+"""`python -m flashrt_build.cpp --cmake-dir`: the C++ library's CMake project (flashrt_build/commands/cpp.py)."""
 
 import sys
 

@@ -214,16 +214,26 @@ def command_verdict(check: Callable[[], dict[str, list[str]]], passed: str, fail
 
 
 def quiet_known_warnings() -> None:
-    """torch's own pytree deprecation notices, printed on every export and
-    every torchao import: not the user's to act on."""
+    """torch's own notices that are not the user's to act on: pytree
+    deprecations on every export and torchao import, and "No CUDA runtime is
+    found" on every CPU compile."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-    pytree_log = logging.getLogger("torch.utils._pytree")
-    if not any(isinstance(f, _EnumConstantNotice) for f in pytree_log.filters):
-        pytree_log.addFilter(_EnumConstantNotice())
+    for name, notice in (
+        ("torch.utils._pytree", "register_constant() on Enum subclasses is deprecated"),
+        # torch's C++ extension helper, on every CPU compile of a CUDA build of torch on a machine without a GPU
+        ("torch.utils.cpp_extension", "No CUDA runtime is found"),
+    ):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Notice) and f.text == notice for f in logger.filters):
+            logger.addFilter(_Notice(notice))
 
 
-class _EnumConstantNotice(logging.Filter):
-    """torchao registers its Enums as pytree constants, which torch 2.14 deprecates on every import."""
+class _Notice(logging.Filter):
+    """Drops one notice of a library's that is not the user's to act on."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "register_constant() on Enum subclasses is deprecated" not in record.getMessage()
+        return self.text not in record.getMessage()

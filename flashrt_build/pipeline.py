@@ -21,6 +21,7 @@ from .cache.plan import Plan, make_plan
 from .cache.reuse import check_up_to_date, reuse
 from .cache.store import Store
 from .config.schema import BuildConfig, WeightsMode
+from .errors import quiet_known_warnings
 from .runtime.gpu import fp32_precision, gpu_of
 from .runtime.manifest import read_manifest, write_manifest
 from .stages.assemble import assemble_manifest
@@ -52,8 +53,25 @@ class BuildResult:
 
 
 def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = None) -> BuildResult:
-    """Build one package from a config and publish it to its output directory."""
+    """Build one package from a config and publish it to its output directory.
+
+    Progress goes to the `flashrt_build` logger, as the command line's does:
+    to stderr unless the application configured logging itself;
+    `logging.getLogger("flashrt_build").setLevel(logging.WARNING)` silences it."""
+    report_progress()
+    quiet_known_warnings()
     return build_plan(make_plan(cfg, cwd))
+
+
+def report_progress() -> None:
+    """A handler on stderr for the build's progress, unless logging is set up already."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
 
 
 def build_plan(plan: Plan, reuse_checked: bool = False) -> BuildResult:

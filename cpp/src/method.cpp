@@ -197,10 +197,14 @@ void Method::check_shapes(const std::vector<at::Tensor>& inputs) const {
     }
     for (const auto& [axis, size] : p.static_axes[i]) {
       if (shape[axis] != size) {
-        throw Error(Error::Kind::Input,
-                    "input '" + name + "' has size " + std::to_string(shape[axis]) + " on axis " +
-                        std::to_string(axis) + "; the package was built for " + std::to_string(size) +
-                        " (the axis is static; make it dynamic in module.inputs." + name + ".dynamic)");
+        // A batch axis, or a sequence of token ids, may well be made dynamic; a channel cannot.
+        const bool may_vary = axis == 0 || !at::isFloatingType(spec.dtype);
+        const std::string hint = may_vary ? "; if the model takes other sizes there, build with module.inputs." +
+                                                name + ".dynamic." + std::to_string(axis)
+                                          : "";
+        throw Error(Error::Kind::Input, "input '" + name + "' has size " + std::to_string(shape[axis]) +
+                                            " on axis " + std::to_string(axis) + "; the package was built for " +
+                                            std::to_string(size) + " there (a static axis)" + hint);
       }
     }
     for (size_t k = 0; k < spec.dynamic.size(); ++k) {

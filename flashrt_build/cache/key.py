@@ -35,7 +35,7 @@ from .digests import DigestCache
 from .store import Store
 
 # Keys that say where a build goes and how it is checked, not what it is.
-COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads")
+COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads", "python_path")
 # Ingredients of the build key that leave the compiled graph as it is: the
 # weights, the loader's defaults, the bounds the package is judged by.
 BUILD_ONLY = ("weights", "serve", "judged")

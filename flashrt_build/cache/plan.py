@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config.compose import as_build_config
 from ..config.spec import BuildSpec, resolve_spec
+from ..config.targets import use_import_paths
 from ..config.toolchain import describe_toolchain
 from .digests import DigestCache
 from .key import build_keys, input_digests, key_ingredients
@@ -37,6 +38,7 @@ class Plan:
 def make_plan(cfg: Any, cwd: Path | None = None) -> Plan:
     """Resolve a config (composed, a BuildConfig or a mapping) into a plan, without torch."""
     spec = resolve_spec(as_build_config(cfg), cwd)
+    use_import_paths(spec.import_paths)  # before anything looks the module's code up
     remembered = DigestCache(Store(spec.output_root).root)
     return _keyed(spec, input_digests(spec, remembered), remembered, None)
 

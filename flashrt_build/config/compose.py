@@ -11,16 +11,18 @@ from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import ConfigError, first_lines, raise_all
+from .naming import group_overrides, variant_of
 from .paths import check_config_dir
 from .schema import BuildConfig, register_schema, unknown_key, unknown_keys
 from .shipped import CONF_DIR
 from .targets import check_allow_list_source
 
-__all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error"]
+__all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error", "name_and_place"]
 
 
 def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictConfig:
@@ -40,26 +42,47 @@ def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictCo
 def compose(
     overrides: Sequence[str] = (), config_dir: str | Path | None = None, with_hydra: bool = False
 ) -> DictConfig:
-    """The config the CLI would build for `overrides` (e.g. `["+module=mlp"]`).
+    """The config the CLI would build for `overrides` (e.g. `["+module=mlp"]`),
+    its output folder named as the CLI names it (`seed=1`: `...-seed_1`).
 
     `config_dir` adds a directory of the user's own configs to the search path,
-    like the CLI's `--config-dir`. `with_hydra`: keep Hydra's own node
+    like the CLI's `--config-dir`; its parent joins `python_path`, so a module
+    beside the configs imports. `with_hydra`: keep Hydra's own node
     (`hydra.*`: callbacks, logging, launcher), as the CLI composes it.
     A mistake in the overrides or a config file is one ConfigError.
     """
     register_schema()
-    overrides = list(overrides)
     given = list(overrides)
+    search = []
     if config_dir is not None:
         check_config_dir("config_dir", config_dir)
-        overrides.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
+        search = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
+            cfg = hydra_compose(config_name="config", overrides=[*given, *search], return_hydra_config=with_hydra)
+            loader = GlobalHydra.instance().config_loader()
+            chosen = group_overrides(given, loader.get_group_options)
+            baseline = hydra_compose(config_name="config", overrides=[*chosen, *search])
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         raise composition_error(exc, given) from None
     check_allow_list_source(OmegaConf.to_container(cfg, resolve=False).get("allowed_targets"), given)
+    name_and_place(cfg, baseline, config_dir)
     return cfg
+
+
+def name_and_place(cfg: DictConfig, baseline: DictConfig, config_dir: str | Path | None) -> None:
+    """Set what composing decides beyond the configs' own values: the output
+    folder's variant (where `cfg` differs from the chosen configs alone), and
+    the config dir's parent on `python_path`."""
+    with open_dict(cfg):
+        if cfg.get("variant") is None:
+            cfg.variant = variant_of(
+                OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(baseline, resolve=False)
+            )
+        if config_dir is not None:
+            parent = str(Path(config_dir).resolve().parent)
+            if parent not in (cfg.get("python_path") or []):
+                cfg.python_path = [*(cfg.get("python_path") or []), parent]
 
 
 def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigError:

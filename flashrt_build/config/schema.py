@@ -245,6 +245,10 @@ class BuildConfig:
     # fnmatch patterns every `_target_` of the module must match, checked before
     # anything is imported; empty allows any (release=true adds the shipped zoo).
     allowed_targets: list[str] = field(default_factory=list)
+    # Directories a module's code imports from, besides the working directory
+    # and the --config-dir's parent (both always on the path); relative to the
+    # working directory. The manifest records them all, so repro finds them.
+    python_path: list[str] = field(default_factory=list)
     release: bool = False
     # Rebuild even when the artifact in place has this build key.
     force: bool = False

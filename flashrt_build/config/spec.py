@@ -67,6 +67,7 @@ class BuildSpec:
     # inductor.methods: per method, options over `inductor_options` (flattened)
     method_inductor_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     quant: QuantRecipe | None = None  # None: weights as the module holds them
+    import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
 
     @property
     def default_method(self) -> MethodSpec:
@@ -260,6 +261,9 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         if len(problems) == before_dir:  # what publishing would replace
             check(check_output_dir, output_dir, output_root, cwd, config.get("output_dir"))
 
+    import_paths = _import_paths(config.get("python_path") or [], cwd, problems)
+    config["python_path"] = [str(path) for path in import_paths]  # recorded: repro imports from there too
+
     raise_all(problems)
     # Float inputs follow the target dtype, so the manifest says what the package takes.
     methods = tuple(
@@ -299,7 +303,19 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         max_graphs=int(serve["max_graphs"]),
         method_inductor_options=method_options,
         quant=quant,
+        import_paths=tuple(import_paths),
     )
+
+
+def _import_paths(given: list[str], cwd: Path, problems: list[ConfigError]) -> list[Path]:
+    """`python_path`'s directories, resolved, then the working directory."""
+    paths = []
+    for i, entry in enumerate(given):
+        path = (cwd / Path(entry).expanduser()).resolve()
+        if not path.is_dir():
+            problems.append(ConfigError(f"python_path.{i}", entry, "no such directory to import from"))
+        paths.append(path)
+    return list(dict.fromkeys([*paths, cwd.resolve()]))
 
 
 def _resolve_renames(

@@ -83,6 +83,20 @@ def find_targets(node: Any, key: str) -> list[tuple[str, Any]]:
     return found
 
 
+def use_import_paths(paths: Sequence[Path]) -> None:
+    """Put the directories a module imports from first on `sys.path` (as
+    `python -m` puts the working directory), so its target imports the same
+    way in the console script, a sweep's fresh process, the verification
+    process (which inherits `sys.path`) and `repro` from anywhere."""
+    import importlib
+    import sys
+
+    for path in reversed(paths):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    importlib.invalidate_caches()
+
+
 def _installed(path: str) -> bool:
     return any(part in ("site-packages", "dist-packages") for part in Path(path).parts)
 

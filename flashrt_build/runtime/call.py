@@ -234,9 +234,15 @@ class InputCheck:
                 )
             for axis, size in static:
                 if shape[axis] != size:
+                    # A batch axis, or a sequence of token ids, may well be made dynamic; a channel cannot.
+                    hint = (
+                        f"; if the model takes other sizes there, build with module.inputs.{name}.dynamic.{axis}"
+                        if axis == 0 or not dtype.is_floating_point
+                        else ""
+                    )
                     raise ValueError(
                         f"input '{name}' has size {shape[axis]} on axis {axis}; the package was built for {size} "
-                        f"(the axis is static; make it dynamic in module.inputs.{name}.dynamic)"
+                        f"there (a static axis){hint}"
                     )
             for axis, low, high, dim in dynamic:
                 size = shape[axis]

@@ -126,6 +126,16 @@ class LoadedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.methods[self.default_method](*args, **kwargs)
 
+    def __repr__(self) -> str:
+        """Its methods with their inputs (dynamic dims by name and range), and where it was loaded from."""
+        lines = [f"{name}({signature(entry)})" for name, entry in manifest_methods(self.manifest).items()]
+        graphs = ", cuda_graphs" if self.cuda_graphs else ""
+        return (
+            f"LoadedModule({self.manifest['name']!r} from {str(self.output_dir)!r}, on {self._device}{graphs},\n"
+            + "".join(f"  {line}\n" for line in lines)
+            + ")"
+        )
+
     def constant_fqns(self, method: str | None = None) -> list[str]:
         """The names a method's model binds (the default method's unless named)."""
         return list(self.methods[method or self.default_method].runner.get_constant_fqns())
@@ -152,6 +162,18 @@ class LoadedModule(torch.nn.Module):
         with self._lock, torch.no_grad():
             for name, tensor in self.state.items():
                 tensor.copy_(initial[name])
+
+
+def signature(entry: Mapping[str, Any]) -> str:
+    """A method's inputs as a call reads them: `x: float32[batch 1..64, 16]`."""
+    parts = []
+    for spec in entry["inputs"]:
+        dims = [
+            f"{d['name']} {d['min']}..{d['max']}" if (d := spec["dynamic"].get(str(axis))) else str(size)
+            for axis, size in enumerate(spec["shape"])
+        ]
+        parts.append(f"{spec['name']}: {spec['dtype']}[{', '.join(dims)}]")
+    return ", ".join(parts)
 
 
 def attribute_names() -> frozenset[str]:

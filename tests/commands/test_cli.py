@@ -146,7 +146,7 @@ def test_multirun_builds_each_variant_into_its_own_dir(tmp_path: Path) -> None:
     result = cli("-m", "+module=mlp", "seed=0,1", f"output_root={tmp_path}", "verify.enabled=false")
     assert result.returncode == 0, result.stderr
     dirs = sorted(p.name for p in (tmp_path / "mlp").iterdir() if not p.name.startswith("."))
-    assert dirs == ["cpu-baked-default-seed_0", "cpu-baked-default-seed_1"]
+    assert dirs == ["cpu-baked-default", "cpu-baked-default-seed_1"]  # seed=0 is the default: no suffix
     hashes = {json.loads((tmp_path / "mlp" / d / "manifest.json").read_text())["package"]["sha256"] for d in dirs}
     assert len(hashes) == 2
     unverified = json.loads((tmp_path / "mlp" / dirs[0] / "manifest.json").read_text())["verification"]

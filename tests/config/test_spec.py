@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from clitools import mounted
 
-from flashrt_build.cli import variant_of
 from flashrt_build.config.compose import CONF_DIR, as_build_config, compose
 from flashrt_build.config.schema import WeightsMode
 from flashrt_build.config.spec import flatten_options, resolve_spec
@@ -166,11 +165,14 @@ def test_output_dir_override_is_exact(tmp_path: Path) -> None:
 
 
 def test_variants_of_one_sweep_get_distinct_dirs() -> None:
-    a = variant_of(["+module=mlp", "target.dtype=bfloat16"])
-    b = variant_of(["+module=mlp", "target.dtype=float32"])
-    assert a and b and a != b
-    assert variant_of(["+module=mlp", "target=cpu", "weights=external", "output_root=x", "verify.atol=1"]) is None
-    assert variant_of(["module.checkpoint=/a/b.safetensors"]) == "ckpt_b"
+    def variant(*overrides: str) -> str | None:
+        return compose(["+module=mlp", *overrides]).variant
+
+    assert variant("target.dtype=bfloat16") == "target.dtype_bfloat16"
+    assert variant("target.dtype=float32") is None  # the target file's own value: no variant
+    assert variant("target=cpu", "weights=external", "output_root=x", "verify.atol=1", "seed=0") is None
+    assert variant("module.checkpoint=/a/b.safetensors") == "ckpt_b"
+    assert variant("release=true", "allowed_targets=[mymodels.*]", "threads=2") == "release_true"
 
 
 def test_inductor_options_are_flattened() -> None:
@@ -303,10 +305,14 @@ def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> No
 
 
 def test_a_long_variant_is_shortened_keeping_variants_apart() -> None:
-    many = [f"module.model.width_{i}={i}" for i in range(20)]
-    first, second = variant_of(many), variant_of([*many[:-1], "module.model.width_19=7"])
+    from flashrt_build.config.naming import variant_of
+
+    many = {"module": {"model": {f"width_{i}": i for i in range(20)}}}
+    other = {"module": {"model": {**many["module"]["model"], "width_19": 7}}}
+    empty = {"module": {"model": {}}}
+    first, second = variant_of(many, empty), variant_of(other, empty)
     assert first is not None and second is not None and first != second
-    assert len(first) <= 96 and first.startswith("module.model.width_0_0-") and first == variant_of(many)
+    assert len(first) <= 96 and first.startswith("module.model.width_0_0-") and first == variant_of(many, empty)
     # and it builds a usable directory name: the lock file beside it fits in 255 bytes
     assert len(f".cpu-external-default-{first}.lock") < 255
 

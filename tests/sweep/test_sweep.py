@@ -16,7 +16,6 @@ import pytest
 
 import flashrt_build
 from flashrt_build.cache.plan import make_plan
-from flashrt_build.cli import variant_of
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError
@@ -249,7 +248,7 @@ def test_threads_is_checked_and_changes_neither_key_nor_directory() -> None:
     threaded = resolve_spec(compose(["+module=mlp", "threads=3"]))
     assert threaded.threads == 3 and threaded.output_dir == plain.output_dir
     assert make_plan(compose(["+module=mlp", "threads=3"])).keys == make_plan(compose(["+module=mlp"])).keys
-    assert variant_of(["+module=mlp", "threads=3", "seed=2"]) == "seed_2"
+    assert compose(["+module=mlp", "threads=3", "seed=2"]).variant == "seed_2"
     with pytest.raises(ConfigError, match="'threads' = 0"):
         resolve_spec(compose(["+module=mlp", "threads=0"]))
 
