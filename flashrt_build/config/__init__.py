@@ -1,14 +1,19 @@
 """What to build: the config, checked before any work.
 
-    schema.py      the typed Hydra schema, one dataclass per group; unknown keys
-    compose.py     composing the shipped configs without the CLI
-    spec.py        a composed config resolved into a typed `BuildSpec`
-    quant.py       a quantization recipe: its rules, targets and error bound
-    paths.py       the paths a config names: writable, replaceable, listable; TMPDIR
-    checkpoint.py  a checkpoint (a file, a save_pretrained directory): complete, readable
-    files.py       every file a build reads, as the config names them
-    compiler.py    which C++ compiler a config means, its version, the -march it takes
+    schema.py        the typed Hydra schema, one dataclass per group; unknown keys
+    compose.py       composing the shipped configs without the CLI; Hydra's errors as one line
+    command_line.py  the command line composed before Hydra runs anything
+    naming.py        the output folder's name, the same from the CLI and compose()
+    shipped.py       where the shipped configs and the C++ sources are, installed or not
+    spec.py          a composed config resolved into a typed `BuildSpec`
+    inputs.py        each entry point's inputs, dynamic dims, value ranges, constant kwargs
+    quant.py         a quantization recipe: its rules, targets and error bound
+    targets.py       what a config may run (the allow-list) and where that code comes from
+    paths.py         the paths a config names: writable, replaceable, listable; TMPDIR
+    files.py         every file a build reads, as the config names them
+    toolchain.py     which C++ compiler a config means, whether it compiles, the -march it takes
 
 Imports no torch (the command line decides a build is up to date without it)
-and nothing else of flashrt_build but `errors` and `artifact`.
+and nothing else of flashrt_build but `errors`, `artifact` and the runtime's
+torch-free modules.
 """

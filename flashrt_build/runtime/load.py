@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..artifact import MANIFEST, SINGLE_MODEL, default_method, tf32_policy
+from ..errors import quiet_known_warnings
 from .binding import WeightsArg, bind, initial_state, lazy_sidecar, state_to_bind, weights_to_bind
 from .call import PackageMethod
 from .contract import check_contract
@@ -30,6 +31,7 @@ from .hashing import check_file
 from .manifest import manifest_methods, read_manifest, state_mode
 
 DEFAULT_MAX_GRAPHS = 8
+quiet_known_warnings()  # torch's "No CUDA runtime is found" on every CPU load: not the user's to act on
 
 
 class LoadedModule(torch.nn.Module):
