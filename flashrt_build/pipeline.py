@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .artifact import ARTIFACT_FILES, PACKAGE
+from .artifact import PACKAGE, written_files
 from .cache.compiled import compile_methods
 from .cache.key import method_keys
 from .cache.plan import Plan, make_plan
@@ -130,8 +130,8 @@ def _keep_in_store(plan: Plan) -> None:
     spec, store = plan.spec, Store(plan.spec.output_root)
     if spec.weights is WeightsMode.external and not spec.multi_method:
         store.put("packages", plan.keys["graph_key"], [spec.output_dir / PACKAGE])
-    files = [spec.output_dir / name for name in ARTIFACT_FILES if (spec.output_dir / name).is_file()]
-    store.put("artifacts", plan.keys["build_key"], files)
+    written = written_files(read_manifest(spec.output_dir))
+    store.put("artifacts", plan.keys["build_key"], [spec.output_dir / name for name in written])
 
 
 __all__ = ["BuildResult", "build", "build_plan"]

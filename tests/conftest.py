@@ -109,6 +109,33 @@ def lm_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildRes
     return build_config("+module=tiny_lm", "weights=external", output_dir=tmp_path_factory.mktemp("lm") / "external")
 
 
+@pytest.fixture(scope="session")
+def roi_align_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    """tests/modules.PoolsRegions: torchvision's roi_align, a custom operator with a C++ kernel."""
+    tmp = tmp_path_factory.mktemp("rois")
+    (tmp / "conf" / "module").mkdir(parents=True)
+    (tmp / "conf" / "module" / "rois.yaml").write_text(
+        "name: rois\nmodel: {_target_: modules.PoolsRegions}\n"
+        "inputs: {images: {shape: [1, 3, 8, 8]}, boxes: {shape: [2, 4]}}\n"
+    )
+    return flashrt_build.build(compose(["+module=rois", f"output_root={tmp / 'out'}"], config_dir=tmp / "conf"))
+
+
+@pytest.fixture(scope="session")
+def llama_lm_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_build.BuildResult, Path]:
+    """A 2-layer Llama saved with save_pretrained beside a byte-level tokenizer
+    (tests/llm_families.py), built with the shipped causal_lm config,
+    external weights; and its directory."""
+    from llm_families import save_family, save_tokenizer
+
+    root = tmp_path_factory.mktemp("llama")
+    model_dir = save_family("llama", root / "llama")
+    save_tokenizer(model_dir)
+    cfg = compose(["+module=causal_lm", f"module.pretrained={model_dir}", "module.max_cache_len=64",
+                   "module.max_prompt=32", "weights=external", f"output_root={root / 'out'}"])  # fmt: skip
+    return flashrt_build.build(cfg), model_dir
+
+
 @pytest.fixture(scope="session", autouse=True)
 def every_built_manifest_validates(tmp_path_factory: pytest.TempPathFactory):
     """After the session, every manifest a build wrote (each lands in its

@@ -60,7 +60,11 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
     # Of the serving keys only the state's mode shapes the graph; the loader's
     # defaults are the manifest's alone (toggling them never recompiles).
     config["serve"] = {"state": spec.state_mode.value}
-    config["module"] = {k: v for k, v in spec.config["module"].items() if k != "checkpoint"}
+    # The checkpoint and the files served beside the package key the weights (their digests, below), not the
+    # graph; any other path the build reads is keyed by what it holds, not where it is (a model saved elsewhere).
+    module = {k: v for k, v in spec.config["module"].items() if k not in ("checkpoint", "files")}
+    read = {str(_at(spec.config, f.key)) for f in spec.input_files if f.key.startswith("module.model.")}
+    config["module"] = _content_keyed(module, read)
     # The recipe shapes the compiled graph; its error bound only judges the
     # package: in the build key (a tighter bound is checked again), not the graph's.
     config["quant"] = {k: v for k, v in spec.config["quant"].items() if k != "max_rel_error"}
@@ -89,6 +93,24 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
     # As the manifest will hold them: JSON types (axis keys as strings), so a
     # stored key compares equal to a recomputed one.
     return json.loads(json.dumps(ingredients, default=str))
+
+
+def _at(config: Mapping[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = node[int(part)] if isinstance(node, list) else node.get(part)
+    return node
+
+
+def _content_keyed(node: Any, paths: set[str]) -> Any:
+    """`node` with every string naming a path the build reads replaced by a marker."""
+    if isinstance(node, str):
+        return "<read: keyed by its digests>" if node in paths else node
+    if isinstance(node, Mapping):
+        return {k: _content_keyed(v, paths) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_content_keyed(v, paths) for v in node]
+    return node
 
 
 def build_keys(ingredients: dict[str, Any]) -> dict[str, str]:

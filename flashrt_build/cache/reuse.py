@@ -31,7 +31,7 @@ def check_up_to_date(plan: Plan) -> tuple[bool, str]:
         changed = changed_ingredients(manifest.get("key_ingredients"), plan.ingredients)
         return False, f"changed: {', '.join(changed)}"
     digests = plan.remembered  # a 2 GB package is hashed once, not on every check
-    for section in (manifest["package"], manifest["weights"], manifest.get("state") or {}):
+    for section in (manifest["package"], manifest["weights"], manifest.get("state") or {}, *manifest.get("files", [])):
         if section.get("file"):
             path = spec.output_dir / section["file"]
             if not path.is_file():

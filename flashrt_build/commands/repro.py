@@ -17,6 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..artifact import MANIFEST, written_files
 from ..errors import ConfigError, command_verdict
 from ..runtime.hashing import file_sha256
 from ..runtime.manifest import read_manifest
@@ -31,11 +32,6 @@ def differing_members(a: Path, b: Path) -> list[str]:
         differ = sorted(names_a ^ names_b)
         differ += sorted(n for n in names_a & names_b if za.read(n) != zb.read(n))
     return differ
-
-
-def artifact_files(manifest: dict) -> list[str]:
-    sections = (manifest["package"], manifest["weights"], manifest.get("state") or {})
-    return [s["file"] for s in sections if s.get("file")]
 
 
 def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
@@ -57,7 +53,7 @@ def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
         config["verify"]["enabled"] = False  # the bytes are the question here
         build(config)
         differences: dict[str, list[str]] = {}
-        for name in artifact_files(manifest):
+        for name in (name for name in written_files(manifest) if name != MANIFEST):
             if not (rebuilt / name).is_file():
                 differences[name] = ["(not produced by the rebuild)"]
             elif file_sha256(output_dir / name) != file_sha256(rebuilt / name):

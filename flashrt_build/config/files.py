@@ -77,8 +77,32 @@ def model_files(model: Any, cwd: Path, skip: Path | None = None) -> list[InputFi
     return found
 
 
+def served_files(key: str, given: list[str], cwd: Path) -> list[InputFile]:
+    """`module.files`: files copied beside the package (a tokenizer), each a
+    regular file with a name of its own that no artifact file has."""
+    from ..artifact import ARTIFACT_FILES
+
+    found: list[InputFile] = []
+    for i, value in enumerate(given):
+        path = cwd / Path(value).expanduser()
+        if not path.is_file():
+            why = "no such file" if not path.exists() else "not a regular file"
+            raise ConfigError(f"{key}.{i}", value, f"{why}: a file copied beside the package")
+        if path.name in ARTIFACT_FILES or path.name in (f.name for f in found):
+            raise ConfigError(f"{key}.{i}", value, f"its name {path.name!r} is taken in the output directory")
+        found.append(InputFile(key, path.name, path, "weights"))
+    return found
+
+
+# Files a served model reads beside its package: they key the artifact, not the compiled graph.
+SERVING_FILES = frozenset(
+    {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+     "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json"}
+)  # fmt: skip
+
+
 def _kind(name: str) -> str:
-    return "weights" if name.endswith(WEIGHT_SUFFIXES) else "model"
+    return "weights" if name.endswith(WEIGHT_SUFFIXES) or name in SERVING_FILES else "model"
 
 
 def _strings(node: Any, key: str) -> Iterator[tuple[str, str]]:

@@ -106,6 +106,16 @@ class ModuleConfig:
     # Ordered renames of checkpoint names to the module's (strip a `model.`
     # prefix); the first rule that matches a name applies.
     checkpoint_rename: list[RenameRule] = field(default_factory=list)
+    # Files copied beside the package (a tokenizer, a generation config): listed
+    # in the manifest with their digests, inputs of the build key.
+    files: list[str] = field(default_factory=list)
+    # causal_lm (conf/module/causal_lm.yaml): the save_pretrained directory, the
+    # static KV cache's positions and the longest prompt (null: from the
+    # model's config), and the sequences decoded at once.
+    pretrained: str | None = None
+    max_cache_len: int | None = None
+    max_prompt: int | None = None
+    batch: int | None = None
 
 
 @dataclass
@@ -263,8 +273,12 @@ SCHEMA_NAME = "flashrt_build_schema"
 
 
 def register_schema() -> None:
-    """Store the schema so `conf/config.yaml` can name it in its defaults."""
+    """Store the schema so `conf/config.yaml` can name it in its defaults, and
+    the resolvers the shipped configs use (`${flashrt_llm:...}`)."""
+    from .llm import register_resolvers
+
     ConfigStore.instance().store(name=SCHEMA_NAME, node=BuildConfig)
+    register_resolvers()
 
 
 def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:

@@ -18,8 +18,9 @@ from ..artifact import SINGLE_MODEL, default_method, tf32_policy
 from ..errors import ConfigError, raise_all
 from ..runtime.dtypes import FLOATING
 from ..runtime.formats import Checkpoint, resolve_checkpoint
-from .files import InputFile, checkpoint_files, model_files
+from .files import InputFile, checkpoint_files, model_files, served_files
 from .inputs import NAME, InputSpec, MethodSpec, canonical_dtype, resolve_methods
+from .llm import register_resolvers
 from .paths import check_output_dir, check_temp_dir, check_writable
 from .quant import QuantRecipe, resolve_quant
 from .schema import StateMode, WeightsMode, unknown_keys
@@ -145,9 +146,15 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     raise_all(unknown_keys(OmegaConf.to_container(cfg, resolve=False)))
     if cfg.get("module") is None:
         raise ConfigError("module", None, "no module given: add +module=NAME (see conf/module/)")
+    register_resolvers()
     try:
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
     except Exception as exc:  # an interpolation or a missing mandatory value
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:  # a resolver's own (what module.pretrained lacks)
+            raise cause from None
         key = getattr(exc, "full_key", "?")
         raise ConfigError(key, "???", f"a value is required ({type(exc).__name__})") from None
     assert isinstance(config, dict)
@@ -254,6 +261,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     files = check(model_files, model, cwd, output_root) or []
     if resolved is not None:
         files = checkpoint_files(resolved) + files
+    files += check(served_files, "module.files", module.get("files") or [], cwd) or []
     root_ok = check(check_writable, output_root, "output_root", False) is None and len(problems) == before_paths
     if output_dir is not None and (root_ok or config.get("output_dir")):  # a derived dir fails with its root
         before_dir = len(problems)

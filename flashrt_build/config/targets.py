@@ -21,6 +21,7 @@ from ..errors import ConfigError
 # allowed_targets: the shipped configs' own targets, each by name
 # (tests/config/test_spec.py keeps this list equal to them).
 RELEASE_TARGETS = (
+    "flashrt_build.causal_lm.CausalLM",
     "flashrt_build.examples.MLP",
     "flashrt_build.examples.T5Seq2Seq",
     "flashrt_build.examples.TinyLM",

@@ -316,6 +316,24 @@ def float_view(entries: list[Mapping[str, Any]], quant: Mapping[str, Any] | None
     return view
 
 
+def check_loading_report(report: Mapping[str, Any], key: str, value: object) -> None:
+    """transformers' `from_pretrained` loads what matches and initialises the
+    rest randomly, with a warning; a build must not publish random weights as
+    trained ones, so anything missing, unexpected or of another shape in its
+    loading report is a ConfigError naming `key`, as a checkpoint that does
+    not fit is."""
+    kinds = {"missing": "missing_keys", "unexpected": "unexpected_keys", "wrong shape": "mismatched_keys"}
+    found = {label: sorted(map(str, report.get(name) or ())) for label, name in kinds.items()}
+    problems = [f"{len(names)} {label}: {_first(names)}" for label, names in found.items() if names]
+    if problems:
+        raise ConfigError(
+            key,
+            value,
+            "holds weights that do not fit the model transformers built from it (it would initialise what is "
+            "missing randomly): " + "; ".join(problems),
+        )
+
+
 def as_argument(name: str, path: str | Path) -> Checkpoint:
     """A checkpoint given to `load` or `check` (a file, or a directory as
     save_pretrained writes it), checked as the config's would be; a problem

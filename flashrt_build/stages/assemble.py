@@ -48,6 +48,9 @@ def assemble_manifest(
         "package": sections["package"],
         "weights": sections["weights"],
         "state": sections["state"],
+        # shared libraries of the custom operators the package calls: loaded before it
+        **({"libraries": sections["libraries"]} if sections.get("libraries") else {}),
+        **({"files": sections["files"]} if sections.get("files") else {}),  # copied beside the package
         "inputs": sections["inputs"],
         "outputs": sections["outputs"],
         "methods": sections["methods"],

@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from ..config.spec import BuildSpec
 from ..config.targets import distribution_of
 from ..errors import ConfigError, InstantiateError, first_lines
+from ..runtime.checkpoint import check_loading_report
 from ..runtime.hashing import file_sha256
 from .checkpoint import load_checkpoint
 from .inputs import torch_dtype
@@ -66,21 +67,7 @@ def _is_from_pretrained(target: str) -> bool:
 
 
 def _check_loading_report(spec: BuildSpec, report: Mapping[str, Any]) -> None:
-    """transformers loads what matches and initialises the rest randomly,
-    with a warning; a build must not publish random weights as trained ones,
-    so anything missing, unexpected or of another shape fails it, as a
-    `module.checkpoint` that does not fit does."""
-    kinds = {"missing": "missing_keys", "unexpected": "unexpected_keys", "wrong shape": "mismatched_keys"}
-    found = {label: sorted(map(str, report.get(key) or ())) for label, key in kinds.items()}
-    problems = [f"{len(names)} {label}: {_first(names)}" for label, names in found.items() if names]
-    if problems:
-        key, value = _pretrained_path(spec.model)
-        raise ConfigError(
-            key,
-            value,
-            "holds weights that do not fit the model transformers built from it (it would initialise what is "
-            "missing randomly): " + "; ".join(problems),
-        )
+    check_loading_report(report, *_pretrained_path(spec.model))
 
 
 def _pretrained_path(model: Mapping[str, Any]) -> tuple[str, Any]:
@@ -88,10 +75,6 @@ def _pretrained_path(model: Mapping[str, Any]) -> tuple[str, Any]:
         return "module.model.pretrained_model_name_or_path", model["pretrained_model_name_or_path"]
     args = model.get("_args_") or [None]
     return "module.model._args_.0", args[0]
-
-
-def _first(items: list[str], shown: int = 5) -> str:
-    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Mapping
@@ -98,6 +99,7 @@ def package_stage(
     # methods' stored models are combined into a fresh one, sealed here.
     seal_package(package_path, load_contract(sections), already=reused and not spec.multi_method)
     sections["package"] = {"file": PACKAGE, **file_record(package_path), "reused": reused}
+    sections["files"] = copy_served_files(spec, staging)
     note = f"{sections['package']['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
     if spec.weights is WeightsMode.external:
         note += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
@@ -106,6 +108,16 @@ def package_stage(
     if stateful:
         note += f", state {'threaded' if threaded else 'in place'} ({sections['state']['bytes'] / 1e6:.2f} MB)"
     return Stage(stateful, note, sections)
+
+
+def copy_served_files(spec: BuildSpec, staging: Path) -> list[dict[str, Any]]:
+    """`module.files` copied beside the package (a tokenizer), each recorded
+    as the manifest records the package: name, digest, size."""
+    records = []
+    for served in (f for f in spec.input_files if f.key == "module.files"):
+        shutil.copyfile(served.path, staging / served.name)
+        records.append({"file": served.name, **file_record(staging / served.name)})
+    return records
 
 
 def write_state(staging: Path, module: torch.nn.Module, names: list[str], threaded: bool) -> dict[str, Any] | None:

@@ -38,15 +38,58 @@ def test_shipped_modules_are_the_documented_ones() -> None:
     assert {"mlp", "gpt2_tiny", "bert_tiny"} <= set(SHIPPED)
 
 
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A save_pretrained directory for causal_lm: a 2-layer Llama, a tokenizer's config beside it."""
+    import transformers
+
+    path = tmp_path_factory.mktemp("llama")
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=300, max_position_embeddings=10000,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    (path / "tokenizer_config.json").write_text("{}")
+    return path
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 @pytest.mark.parametrize("weights", ["baked", "external"])
-def test_every_shipped_config_composes_and_validates(name: str, target: str, weights: str) -> None:
-    spec = resolve_spec(compose([f"+module={name}", f"target={target}", f"weights={weights}"]))
+def test_every_shipped_config_composes_and_validates(name: str, target: str, weights: str, pretrained: Path) -> None:
+    extra = [f"module.pretrained={pretrained}"] if name == "causal_lm" else []
+    spec = resolve_spec(compose([f"+module={name}", f"target={target}", f"weights={weights}", *extra]))
     assert spec.name == name
     assert spec.weights is WeightsMode(weights)
     assert spec.inputs and all(all(n > 0 for n in i.shape) for i in spec.inputs)
-    assert spec.output_dir.parts[-2:] == (name, f"{target}-{weights}-default")
+    variant = f"-pretrained_{pretrained.name}" if extra else ""
+    assert spec.output_dir.parts[-2:] == (name, f"{target}-{weights}-default{variant}")
+
+
+def test_causal_lm_reads_its_sizes_from_the_directory_and_caps_the_cache(pretrained: Path) -> None:
+    spec = resolve_spec(compose(["+module=causal_lm", f"module.pretrained={pretrained}"]))
+    prefill, decode = spec.methods
+    (ids,) = prefill.inputs
+    assert (ids.high, ids.shape, ids.dynamic[1].min, ids.dynamic[1].max) == (300, (1, 8), 1, 4096)
+    assert [(i.name, i.shape, i.high) for i in decode.inputs] == [("input_ids", (1, 1), 300), ("position", (1,), 4096)]
+    assert spec.config["module"]["model"]["max_cache_len"] == 4096  # 10000 positions, capped
+    assert spec.checkpoint is None  # transformers loads the directory's weights; each file is an input of the key
+    assert {f.name for f in spec.input_files if f.key == "module.model.pretrained"} >= {
+        "config.json",
+        "model.safetensors",
+    }
+    served = [(f.key, f.name, f.kind) for f in spec.input_files if f.key == "module.files"]
+    assert served == [
+        ("module.files", "generation_config.json", "weights"),
+        ("module.files", "tokenizer_config.json", "weights"),
+    ]
+    small = resolve_spec(compose(["+module=causal_lm", f"module.pretrained={pretrained}", "module.max_cache_len=64",
+                                  "module.max_prompt=4", "module.batch=2"]))  # fmt: skip
+    (ids,) = small.methods[0].inputs
+    assert (ids.shape, ids.dynamic[1].max) == ((2, 4), 4)
+    assert [i.shape for i in small.methods[1].inputs] == [(2, 1), (2,)] and small.methods[1].inputs[1].high == 64
+    with pytest.raises(ConfigError, match=r"'module.pretrained' = .*holds no config.json"):
+        resolve_spec(compose(["+module=causal_lm", f"module.pretrained={pretrained.parent}"]))
 
 
 def test_mlp_spec_resolves_types_and_dynamic_dims() -> None:

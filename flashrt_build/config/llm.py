@@ -1,0 +1,75 @@
+"""What the `causal_lm` config reads from a `save_pretrained` directory,
+without torch: the vocabulary size (the token ids' range), the cache length
+(the model's positions, capped), and the files a served model needs beside
+its package (the tokenizer, the generation config). A config names them with
+`${flashrt_llm:WHAT,${module.pretrained}[,GIVEN]}`; the resolved values are
+the build's, recorded in its manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .files import SERVING_FILES
+
+# A cache this long holds a 1B model's keys and values in about 130 MB (bf16);
+# longer contexts are a choice to make, not a default.
+MAX_DEFAULT_CACHE = 4096
+
+
+def text_config(pretrained: str) -> dict[str, Any]:
+    """The decoder's config of a save_pretrained directory (a multimodal
+    model's `text_config`)."""
+    path = Path(pretrained).expanduser() / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            "module.pretrained", pretrained, f"holds no config.json ({path}): not a save_pretrained directory"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("module.pretrained", pretrained, f"has a config.json that does not parse ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError("module.pretrained", pretrained, "has a config.json that is not a JSON object")
+    return config.get("text_config") or config
+
+
+def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: Any = None) -> Any:
+    """The OmegaConf resolver `flashrt_llm`: `vocab_size`; `cache_len` (given,
+    else the model's positions, at most MAX_DEFAULT_CACHE); `max_prompt`
+    (given, else `fallback`: the cache's length); `example_prompt` (the
+    example's length, within `given`, the longest prompt); `files` (the
+    serving files the directory holds)."""
+    if what == "max_prompt":
+        return given if given is not None else fallback
+    if what == "example_prompt":
+        return max(1, min(8, int(given)))
+    if pretrained is None:
+        raise ConfigError("module.pretrained", None, "a save_pretrained directory is required: module.pretrained=DIR")
+    directory = Path(pretrained).expanduser()
+    if what == "files":
+        return [str(directory / name) for name in sorted(SERVING_FILES) if (directory / name).is_file()]
+    config = text_config(pretrained)
+    if what == "vocab_size":
+        return _positive(config.get("vocab_size"), "vocab_size", pretrained)
+    if what == "cache_len":
+        if given is not None:
+            return given
+        positions = config.get("max_position_embeddings") or config.get("n_positions") or MAX_DEFAULT_CACHE
+        return min(_positive(positions, "max_position_embeddings", pretrained), MAX_DEFAULT_CACHE)
+    raise ValueError(f"flashrt_llm: unknown value {what!r}")
+
+
+def _positive(value: Any, name: str, pretrained: str) -> int:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError("module.pretrained", pretrained, f"has a config.json whose {name} is {value!r}, not a size")
+    return value
+
+
+def register_resolvers() -> None:
+    """`${flashrt_llm:...}` for the configs (idempotent)."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("flashrt_llm", llm_value, replace=True)

@@ -1,0 +1,164 @@
+"""The LLMs people have: transformers causal LMs from their save_pretrained
+directories, built with the shipped `causal_lm` config into packages of a
+prefill and a decode method over a static KV cache, generating transformers'
+own greedy tokens; text in and text out through the tokenizer copied beside
+the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from llm_families import FAMILIES, save_family, transformers_tokens
+
+import flashrt_build
+from flashrt_build.config.compose import compose
+
+pytestmark = pytest.mark.slow
+
+PROMPT = torch.tensor([[3, 1, 4, 1, 5]])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_family_builds_verifies_and_generates_transformers_tokens(
+    family: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    if family == "llama":  # built once for the tests below
+        result, model_dir = request.getfixturevalue("llama_lm_build")
+    else:
+        root = tmp_path_factory.mktemp(family)
+        model_dir = save_family(family, root / family)
+        result = flashrt_build.build(
+            compose(
+                [
+                    "+module=causal_lm",
+                    f"module.pretrained={model_dir}",
+                    "module.max_cache_len=32",
+                    "module.max_prompt=16",
+                    "weights=external",
+                    f"output_root={root / 'out'}",
+                ]
+            )  # fmt: skip
+        )
+    manifest = result.manifest
+    assert manifest["verification"]["passed"] is True
+    assert set(manifest["methods"]) == {"prefill", "decode"}
+    state = {t["fqn"] for t in manifest["state"]["tensors"]}
+    assert manifest["state"]["mode"] == "in_place" and {"kv_0_keys", "kv_0_values", "kv_1_keys"} <= state
+    assert manifest["methods"]["decode"]["state"] == manifest["methods"]["prefill"]["state"]  # one cache, shared
+    model = flashrt_build.load(result.output_dir)
+    ours = flashrt_build.generate(model, PROMPT, 9).tokens
+    assert ours.tolist() == transformers_tokens(model_dir, PROMPT, 9).tolist()
+    assert len(set(ours[0].tolist())) > 2  # tokens that say something: not one repeated
+
+
+def test_what_the_build_reads_and_copies(llama_lm_build: tuple[flashrt_build.BuildResult, Path]) -> None:
+    result, model_dir = llama_lm_build
+    manifest, out = result.manifest, result.output_dir
+    copied = {f["file"]: f for f in manifest["files"]}
+    assert set(copied) == {"chat_template.jinja", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
+    for name, record in copied.items():
+        assert (out / name).read_bytes() == (model_dir / name).read_bytes()
+        assert record["sha256"] == flashrt_build.runtime.hashing.file_sha256(out / name)
+    inputs = {i["file"] for i in manifest["build_inputs"] if i["key"] == "module.model.pretrained"}
+    assert {"config.json", "model.safetensors.index.json", "tokenizer.json"} <= inputs
+    assert manifest["config"]["module"]["model"]["max_cache_len"] == 64  # recorded, as resolved
+    # the package binds the directory's own weights: the names are the model's
+    assert flashrt_build.check_checkpoint(out, model_dir) == {}
+    reloaded = flashrt_build.load(out, weights=model_dir)
+    assert torch.equal(flashrt_build.generate(reloaded, PROMPT, 5).tokens, transformers_tokens(model_dir, PROMPT, 5))
+
+
+def generate_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The command in a fresh process; its output as printed (no newline translation: tokens may be a \\r)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "flashrt_build.generate", *map(str, args)],
+        capture_output=True, timeout=300, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )  # fmt: skip
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def test_text_in_text_out(llama_lm_build: tuple[flashrt_build.BuildResult, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    result, model_dir = llama_lm_build
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eos = json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"]
+
+    said = generate_cli(result.output_dir, "--prompt", "Once upon a", "--max-new-tokens", "12")
+    assert said.returncode == 0, said.stderr
+    prompt = torch.tensor([tokenizer.encode("Once upon a")])
+    expected = transformers_tokens(model_dir, prompt, 12, eos=eos)[0].tolist()
+    assert said.stdout == tokenizer.decode(expected, skip_special_tokens=True) + "\n"
+    assert "prompt: 11 tokens in" in said.stderr and "ms/token" in said.stderr and "tokens/s" in said.stderr
+
+    chat = generate_cli(result.output_dir, "--prompt", "hi", "--chat", "--max-new-tokens", "6")
+    prompt = torch.tensor([tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+                                                         add_generation_prompt=True, return_dict=False)])  # fmt: skip
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout == tokenizer.decode(transformers_tokens(model_dir, prompt, 6, eos=eos)[0],
+                                           skip_special_tokens=True) + "\n"  # fmt: skip
+
+    ids = generate_cli(result.output_dir, "--prompt-ids", "3,1,4,1,5", "--max-new-tokens", "9")
+    assert ids.returncode == 0, ids.stderr
+    assert [int(t) for t in ids.stdout.strip().split(",")] == transformers_tokens(model_dir, PROMPT, 9, eos=eos)[
+        0
+    ].tolist()
+
+    def sampled(seed: int) -> str:
+        sampling = ["--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", str(seed)]
+        done = generate_cli(result.output_dir, "--prompt-ids", "3,1,4", "--max-new-tokens", "16", *sampling)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert sampled(7) == sampled(7) and sampled(7) != sampled(8)
+    too_long = generate_cli(result.output_dir, "--prompt-ids", ",".join(["1"] * 60), "--max-new-tokens", "10")
+    assert too_long.returncode == 2 and "positions up to 69" in too_long.stderr
+
+
+def test_a_sweep_over_directories_gives_each_its_folder_and_reuses_the_compile(
+    llama_lm_build: tuple[flashrt_build.BuildResult, Path], tmp_path: Path
+) -> None:
+    """The same architecture trained twice: one compile (the fixture's, in the
+    same output root's store), two artifacts."""
+    result, model_dir = llama_lm_build
+    retrained = save_family("llama", tmp_path / "retrained", seed=1)
+    root = result.output_dir.parents[1]
+    sweep = subprocess.run(
+        [sys.executable, "-m", "flashrt_build", "-m", "+module=causal_lm", f"module.pretrained={model_dir},{retrained}",
+         "module.max_cache_len=64", "module.max_prompt=32", "weights=external", f"output_root={root}"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    folders = {p.name for p in (root / "causal_lm").iterdir() if not p.name.startswith(".")}
+    sizes = "module.max_cache_len_64-module.max_prompt_32"
+    assert {
+        f"cpu-external-default-pretrained_{model_dir.name}-{sizes}",
+        f"cpu-external-default-pretrained_retrained-{sizes}",
+    } <= folders
+    assert "compile" not in sweep.stderr.replace("compile      skipped", "")  # each reused the fixture's package
+    other = (
+        root / "causal_lm" / "cpu-external-default-pretrained_retrained-module.max_cache_len_64-module.max_prompt_32"
+    )
+    tokens = flashrt_build.generate(flashrt_build.load(other), PROMPT, 9).tokens
+    assert tokens.tolist() == transformers_tokens(retrained, PROMPT, 9).tolist()
+
+
+def test_a_quantization_recipe_applies(llama_lm_build: tuple[flashrt_build.BuildResult, Path]) -> None:
+    result, model_dir = llama_lm_build
+    root = result.output_dir.parents[1]
+    sizes = ["module.max_cache_len=64", "module.max_prompt=32"]
+    # this test's weights are sharpened 15x, on which int8 errs more than on trained ones: a looser bound
+    recipe = ["quant=int8_wo", "quant.max_rel_error=0.2"]
+    overrides = ["+module=causal_lm", f"module.pretrained={model_dir}", *sizes, "weights=external", *recipe]
+    quantized = flashrt_build.build(compose([*overrides, f"output_root={root}"]))
+    manifest = quantized.manifest
+    assert manifest["verification"]["passed"] is True and manifest["quant"]["name"] == "int8_wo"
+    assert quantized.output_dir.name.startswith("cpu-external-default-int8_wo-pretrained_llama-")
+    assert manifest["weights"]["bytes"] < 0.6 * result.manifest["weights"]["bytes"]
+    assert flashrt_build.generate(flashrt_build.load(quantized.output_dir), PROMPT, 9).tokens.shape == (1, 9)
