@@ -224,3 +224,66 @@ class RaisesInEval(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x)
+
+
+@torch.library.custom_op("flashrt_tests::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    """A custom operator with only a Python implementation, and a traceable one."""
+    return x * 2
+
+
+@twice.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("flashrt_tests::nonzero_rows", mutates_args=())
+def nonzero_rows(x: torch.Tensor) -> torch.Tensor:
+    """A Python-only custom operator whose implementation does not trace: it
+    loops over values it reads back to the host, as transformers' grouped-mm
+    fallback does."""
+    return torch.stack([x[i] * int(x[i].sum().item() != 0) for i in range(x.shape[0])])
+
+
+@nonzero_rows.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class CallsCustomOps(nn.Module):
+    """A linear layer, then a custom operator: `twice` (decomposable) or
+    `nonzero_rows` (not)."""
+
+    def __init__(self, op: str = "twice") -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.op = op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(torch.ops.flashrt_tests, self.op)(self.fc(x))
+
+
+class PoolsRegions(nn.Module):
+    """torchvision's roi_align: a custom operator with a C++ kernel, in torchvision's own library."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        import torchvision
+
+        return torchvision.ops.roi_align(self.conv(images), [boxes], output_size=2)
+
+
+class CallsCppOp(nn.Module):
+    """A linear layer, then `flashrt_test_ops::scale`, a custom operator whose
+    C++ kernel lives in a library of its own (cpp/tests/custom_op.cpp)."""
+
+    def __init__(self, library: str) -> None:
+        super().__init__()
+        torch.ops.load_library(library)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.flashrt_test_ops.scale(self.fc(x), 3.0)

@@ -108,6 +108,8 @@ struct Manifest {
   bool state_in_place = false;  // the compiled code writes the state (else threaded, or stateless)
   std::vector<MethodManifest> methods;  // in the manifest's order
   std::string default_method;  // the one that runs forward, else the first
+  // Shared libraries registering the custom operators the package calls, loaded before it.
+  std::vector<std::pair<std::string, std::vector<std::string>>> libraries;  // (path, operators)
   bool cuda_graphs = false;  // serve.cuda_graphs: the loader's default
   size_t max_graphs = 8;  // serve.max_graphs
   nlohmann::json contract;  // what a load relies on (see check_contract)

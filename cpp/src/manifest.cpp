@@ -324,6 +324,11 @@ Manifest read_manifest(const std::filesystem::path& dir) {
     m.methods.push_back(std::move(method));
     m.default_method = "forward";
   }
+  if (root.has("libraries") && root["libraries"].value.is_array()) {
+    for (const auto& entry : root["libraries"].value) {
+      m.libraries.emplace_back(entry.at("path").get<std::string>(), entry.at("ops").get<std::vector<std::string>>());
+    }
+  }
   if (root.has("serve") && root["serve"].value.is_object()) {
     const Node serve = root["serve"];
     if (serve.has("cuda_graphs")) m.cuda_graphs = serve["cuda_graphs"].as<bool>();

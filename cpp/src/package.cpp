@@ -3,6 +3,9 @@
 // (flashrt_build/runtime/load.py and checkpoint.py), messages included.
 #include "internal.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <dlfcn.h>
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/cuda.h>
@@ -385,6 +388,28 @@ struct Package::Impl {
                                     const std::filesystem::path* checkpoint);
 };
 
+namespace {
+
+// The custom operators a package calls must be registered before it loads:
+// each shared library the build recorded is opened unless all its operators
+// are there already (the process linked it).
+void load_libraries(const Manifest& m) {
+  for (const auto& [path, ops] : m.libraries) {
+    bool present = true;
+    for (const auto& op : ops) {
+      const auto dot = op.find('.');
+      const std::string name = op.substr(0, dot), overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+      present = present && c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
+    }
+    if (!present && dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      throw Error(Error::Kind::Artifact, "the package's custom operators come from " + path +
+                                             ", which cannot be loaded: " + dlerror());
+    }
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& dir, const Options& options,
                                                    const TensorMap* given, const std::filesystem::path* checkpoint) {
   const auto start = Clock::now();
@@ -436,6 +461,7 @@ std::unique_ptr<Package::Impl> Package::Impl::open(const std::filesystem::path& 
   p.init_state(given);
 
   t = Clock::now();
+  load_libraries(m);
   p.load_methods(package);
   p.stats.load_s = since(t);
   t = Clock::now();

@@ -5,6 +5,7 @@
     repro.py    python -m flashrt_build.repro: rebuild a release, compare it member by member
     clean.py    python -m flashrt_build.store clean: prune the build store
     cpp.py      python -m flashrt_build.cpp --cmake-dir: where the C++ library's CMake project is
+    generate.py python -m flashrt_build.generate OUT --prompt TEXT: text in, text out
 
 May import anything of flashrt_build; nothing imports them but their shims.
 """

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..errors import ConfigError, raise_all
-from .compose import CONF_DIR, compose, composition_error
+from .compose import CONF_DIR, compose, composition_error, hydra_loader
 from .paths import check_config_dir
 from .targets import allowed_targets, hydra_code_problems
 
@@ -29,7 +29,7 @@ def check_command_line(argv: Sequence[str]) -> None:
     if args.help or args.hydra_help or args.info or args.shell_completion or args.config_name or args.config_path:
         return  # Hydra's own pages, or a primary config of the user's: Hydra's to compose
     overrides = list(args.overrides)
-    jobs = sweep_jobs(overrides) if args.multirun else [overrides]
+    jobs = sweep_jobs(overrides, args.config_dir) if args.multirun else [overrides]
     for number, job in enumerate(jobs, 1):
         try:
             cfg = compose(job, config_dir=args.config_dir, with_hydra=True)
@@ -44,17 +44,19 @@ def check_command_line(argv: Sequence[str]) -> None:
             raise ConfigError(exc.key, exc.value, exc.expected + where, exc.kind) from None
 
 
-def sweep_jobs(overrides: list[str]) -> list[list[str]]:
-    """Each job's overrides, as Hydra's basic sweeper splits a multirun."""
+def sweep_jobs(overrides: list[str], config_dir: str | None = None) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper splits a multirun
+    (`glob(*_tiny)` reads the config groups: the config dir's too)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
+    from hydra.errors import HydraException, OverrideParseException
 
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except OverrideParseException as exc:
+        with hydra_loader(config_dir) as loader:
+            parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
+            return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except (OverrideParseException, HydraException) as exc:
         raise composition_error(exc, overrides) from None
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
 def shipped_setup_lines() -> list[str]:

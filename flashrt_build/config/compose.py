@@ -3,14 +3,14 @@ composition error of Hydra's, said as the tool's one line."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -22,7 +22,7 @@ from .schema import BuildConfig, register_schema, unknown_key, unknown_keys
 from .shipped import CONF_DIR
 from .targets import check_allow_list_source
 
-__all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error", "name_and_place"]
+__all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error", "hydra_loader", "name_and_place"]
 
 
 def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictConfig:
@@ -39,6 +39,29 @@ def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictCo
     return merged
 
 
+@contextlib.contextmanager
+def hydra_loader(config_dir: str | Path | None = None) -> Iterator[Any]:
+    """Hydra set up as the command line sets it up: the shipped configs, and
+    `config_dir`'s before the schema (as `--config-dir` adds them); yields its
+    config loader. Hydra's global state is as it was afterwards."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    search = create_config_search_path(str(CONF_DIR))
+    if config_dir is not None:
+        anchor = SearchPathQuery(provider="schema")
+        search.prepend(provider="command-line", path=f"file://{Path(config_dir).resolve()}", anchor=anchor)
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        Hydra.create_main_hydra2(task_name="flashrt_build", config_search_path=search)
+        yield GlobalHydra.instance().config_loader()
+    finally:
+        restore_gh_from_backup(backup)
+
+
 def compose(
     overrides: Sequence[str] = (), config_dir: str | Path | None = None, with_hydra: bool = False
 ) -> DictConfig:
@@ -53,16 +76,12 @@ def compose(
     """
     register_schema()
     given = list(overrides)
-    search = []
     if config_dir is not None:
         check_config_dir("config_dir", config_dir)
-        search = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"]
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=[*given, *search], return_hydra_config=with_hydra)
-            loader = GlobalHydra.instance().config_loader()
-            chosen = group_overrides(given, loader.get_group_options)
-            baseline = hydra_compose(config_name="config", overrides=[*chosen, *search])
+        with hydra_loader(config_dir) as loader:
+            cfg = hydra_compose(config_name="config", overrides=given, return_hydra_config=with_hydra)
+            baseline = hydra_compose(config_name="config", overrides=group_overrides(given, loader.get_group_options))
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         raise composition_error(exc, given) from None
     check_allow_list_source(OmegaConf.to_container(cfg, resolve=False).get("allowed_targets"), given)

@@ -1,11 +1,12 @@
-"""Greedy generation from a package of two methods over a static KV cache:
-prefill the prompt, then one decode step per new token, each reading what the
-calls before it wrote into the cache. The loop a serving process runs, as an
+"""Generation from a package of two methods over a static KV cache: prefill
+the prompt, then one decode step per new token, each reading what the calls
+before it wrote into the cache; greedy by default, or sampled. The loop a serving process runs, as an
 example of use and the reference for `flashrt-generate` (C++)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,42 +43,59 @@ def generate(
     prefill: str = "prefill",
     decode: str = "decode",
     position: str = "position",
-    eos: int | None = None,
+    eos: int | Collection[int] | None = None,
     timed: bool = False,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> Generation:
-    """Greedy generation: `model.<prefill>(prompt)` gives the logits of every
-    prompt position, the argmax of the last is the first new token; each
-    further token is the argmax of `model.<decode>(token, position=p)`.
+    """Generation through a prefill and a decode method: `model.<prefill>(prompt)`
+    gives the logits of every prompt position, the last one's choice is the
+    first new token; each further token is chosen from
+    `model.<decode>(token, position=p)`.
 
     `model`: a loaded package (or any module with the two methods). Stops
-    after `max_new_tokens`, or once every sequence has produced `eos`.
+    after `max_new_tokens`, or once every sequence has produced one of `eos`.
+    `temperature` 0 (the default) is greedy (the argmax); above 0 samples,
+    from the `top_k` most likely tokens and the smallest set of them whose
+    probability reaches `top_p` when given, with a generator seeded by `seed`
+    (the same tokens every run). `on_token(token [batch, 1])` sees each token
+    as it is chosen (streaming; it waits for the device each step).
     `timed`: wait for the device to time the prefill and the decode steps.
     """
     if prompt.dim() != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be [batch, length] token ids, got shape {list(prompt.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    choose = _chooser(temperature, top_k, top_p, seed, prompt.device)
     run_prefill, run_decode = getattr(model, prefill), getattr(model, decode)
     length = prompt.shape[1]
     _check_room(model, decode, position, length + max_new_tokens - 1)
+    stops = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         start = time.perf_counter()
         logits = _logits(run_prefill(prompt))
-        token = _next(logits, prompt.dtype)
+        token = choose(logits).to(prompt.dtype)
         wait()
         prefill_s, start = time.perf_counter() - start, time.perf_counter()
         tokens = [token]
+        if on_token is not None:
+            on_token(token)
         step_call = _trusted(run_decode, model, decode, logits.shape[-1])
-        done = token.eq(eos) if eos is not None else None
+        done = torch.isin(token, stops) if stops is not None else None
         for step in range(1, max_new_tokens):
             if done is not None and bool(done.all()):
                 break
             at = torch.full((prompt.shape[0],), length + step - 1, dtype=torch.int64, device=prompt.device)
-            token = _next(step_call(token, **{position: at}), prompt.dtype)
+            token = choose(_logits(step_call(token, **{position: at}))).to(prompt.dtype)
             tokens.append(token)
+            if on_token is not None:
+                on_token(token)
             if done is not None:
-                done |= token.eq(eos)
+                done |= torch.isin(token, stops)
         wait()
         decode_s = time.perf_counter() - start if len(tokens) > 1 else 0.0
     result = Generation(torch.cat(tokens, dim=1))
@@ -86,9 +104,32 @@ def generate(
     return result
 
 
-def _next(out: Any, dtype: torch.dtype) -> torch.Tensor:
-    """The next token of each sequence, [batch, 1]: the argmax of the last position's logits."""
-    return _logits(out)[:, -1].argmax(-1, keepdim=True).to(dtype)
+def _chooser(
+    temperature: float, top_k: int | None, top_p: float | None, seed: int | None, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How the next token of each sequence, [batch, 1], is chosen from the last position's logits."""
+    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(
+            f"expected temperature >= 0, top_k >= 1 and 0 < top_p <= 1; got {temperature}, {top_k}, {top_p}"
+        )
+    if temperature == 0:
+        return lambda logits: logits[:, -1].argmax(-1, keepdim=True)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(0 if seed is None else seed)
+
+    def sample(logits: torch.Tensor) -> torch.Tensor:
+        scores = logits[:, -1].float() / temperature
+        if top_k is not None:
+            kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if top_p is not None:
+            ordered, order = scores.sort(dim=-1, descending=True)
+            before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # probability of the tokens above
+            ordered = ordered.masked_fill(before >= top_p, float("-inf"))  # the most likely one always stays
+            scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
+        return torch.multinomial(scores.softmax(-1), 1, generator=generator)
+
+    return sample
 
 
 def _logits(out: Any) -> torch.Tensor:

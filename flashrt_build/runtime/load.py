@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..artifact import MANIFEST, SINGLE_MODEL, default_method, tf32_policy
-from ..errors import quiet_known_warnings
+from ..errors import ArtifactError, quiet_known_warnings
 from .binding import WeightsArg, bind, initial_state, lazy_sidecar, state_to_bind, weights_to_bind
 from .call import PackageMethod
 from .contract import check_contract
@@ -107,6 +107,11 @@ class LoadedModule(torch.nn.Module):
         object.__setattr__(self, "methods", methods)
         # m(...): the method that runs the module's forward, else the first
         self.default_method = default_method({name: entry["method"] for name, entry in entries.items()})
+
+    @property
+    def device(self) -> torch.device:
+        """Where the package runs (and its inputs must be)."""
+        return self._device
 
     @property
     def host(self) -> torch.nn.Module | None:
@@ -204,12 +209,32 @@ def open_package(
     mapping = weights if isinstance(weights, Mapping) else None
     state = state_to_bind(lambda: initial_state(output_dir, manifest, device), manifest, mapping, host, device)
     index = device.index if device.type == "cuda" and device.index is not None else -1
+    load_libraries(manifest)
     runners = {}
     for entry in manifest_methods(manifest).values():
         runners[entry["model"]] = runner = load_package(package, index, entry["model"], graphs is not None)
         _import_tree_types(runner)
     bind(runners, manifest, bound, state)
     return LoadedModule(runners, manifest, output_dir, bound, host, device, state, graphs)
+
+
+def load_libraries(manifest: dict[str, Any]) -> None:
+    """Register the custom operators the package calls: each shared library
+    the build recorded, unless its operators are registered already."""
+    for library in manifest.get("libraries") or []:
+        if all(_registered(op) for op in library["ops"]):
+            continue
+        if not Path(library["path"]).is_file():
+            raise ArtifactError(
+                f"the package calls {', '.join(library['ops'])}, registered by {library['path']}, which is not "
+                "here: install what provides it (or load it with torch.ops.load_library) first"
+            )
+        torch.ops.load_library(library["path"])
+
+
+def _registered(op: str) -> bool:
+    """Does this process have a kernel for `op` (`torchvision::roi_align`, `ns::op.overload`)?"""
+    return torch._C._dispatch_has_kernel(op)
 
 
 def _import_tree_types(runner: Any) -> None:

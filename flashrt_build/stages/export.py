@@ -30,6 +30,7 @@ from ..config.inputs import MethodSpec
 from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
+from .custom_ops import resolve_custom_ops
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .progress import Stage
 
@@ -147,15 +148,26 @@ class Exported:
 def export_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[list[Exported]]:
     """Every method exported on its own: its example inputs, then torch.export."""
     exported = []
+    decomposed: list[str] = []
+    libraries: dict[str, list[str]] = {}
     for method in spec.methods:
         example = make_inputs(spec, method=method)
-        exported.append(export_module(module, spec, example, dynamic_shapes(spec, example, method), method))
+        one = export_module(module, spec, example, dynamic_shapes(spec, example, method), method)
+        # before any compile: each custom operator runs without Python, or the build stops here
+        one.program, python, compiled = resolve_custom_ops(one.program, spec.target, method.label)
+        decomposed += [op for op in python if op not in decomposed]
+        for path, ops in compiled.items():
+            libraries.setdefault(path, []).extend(op for op in ops if op not in libraries.get(path, []))
+        exported.append(one)
     note = ", ".join(
         f"{e.method.label + ': ' if e.method.label else ''}{len(e.program.graph.nodes)} graph nodes"
         + (f", state {'threaded' if e.threaded else 'in place'}: {', '.join(e.state)}" if e.state else "")
         for e in exported
     )
-    return Stage(exported, note)
+    if decomposed:
+        note += f"; decomposed {', '.join(decomposed)} (Python-only custom operators)"
+    sections = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()]} if libraries else {}
+    return Stage(exported, note, sections)
 
 
 def export_module(

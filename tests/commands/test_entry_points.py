@@ -57,6 +57,9 @@ def test_the_public_api_survives_importing_every_module() -> None:
     assert flashrt_build.load is load and callable(flashrt_build.load)
     assert flashrt_build.build is build and flashrt_build.compose is compose
     assert flashrt_build.LoadedModule is LoadedModule and flashrt_build.check_checkpoint is check_checkpoint
+    from flashrt_build.runtime.generate import generate  # beside `python -m flashrt_build.generate`
+
+    assert flashrt_build.generate is generate
     for name in flashrt_build.__all__:
         assert getattr(flashrt_build, name) is not None
 

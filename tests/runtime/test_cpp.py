@@ -45,10 +45,15 @@ def cpp_tools() -> dict[str, Path]:
     )  # fmt: skip
     assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
     jobs = str(min(os.cpu_count() or 1, 4))
-    targets = ("flashrt-run", "flashrt-generate", "flashrt-api-probe")
+    targets = ("flashrt-run", "flashrt-generate", "flashrt-api-probe", "flashrt_test_ops")
     build = run("cmake", "--build", BUILD, "-j", jobs, "--target", *targets, timeout=900)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    return {"run": BUILD / "flashrt-run", "generate": BUILD / "flashrt-generate", "probe": BUILD / "flashrt-api-probe"}
+    return {
+        "run": BUILD / "flashrt-run",
+        "generate": BUILD / "flashrt-generate",
+        "probe": BUILD / "flashrt-api-probe",
+        "ops": BUILD / "libflashrt_test_ops.so",
+    }
 
 
 @pytest.fixture(scope="session", params=["in_place", "threaded"])
@@ -520,3 +525,50 @@ def test_an_edited_manifest_is_refused(
     assert proc.returncode == 1 and out is None and needle in proc.stderr
     with pytest.raises(flashrt_build.ArtifactError):
         flashrt_build.load(directory)
+
+
+def test_flashrt_generate_serves_a_transformers_causal_lm(
+    cpp_tools: dict[str, Path], llama_lm_build: tuple[flashrt_build.BuildResult, Path]
+) -> None:
+    """A causal_lm package (a transformers Llama from its save_pretrained
+    directory): the C++ loop gives transformers' own greedy tokens."""
+    from llm_families import transformers_tokens
+
+    result, model_dir = llama_lm_build
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    expected = transformers_tokens(model_dir, prompt, 24)[0].tolist()
+    ids = ",".join(map(str, prompt[0].tolist()))
+    proc = run(cpp_tools["generate"], result.output_dir, "--prompt", ids, "--tokens", "24", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tokens"] == expected
+
+
+def test_a_custom_operators_library_is_loaded_before_the_package_in_python_and_cpp(
+    cpp_tools: dict[str, Path], tmp_path: Path
+) -> None:
+    """A package calling flashrt_test_ops::scale, whose C++ kernel is in a
+    library of its own: the manifest names the library, and a fresh Python
+    process and flashrt-run (which never loaded it) open it first."""
+    conf = tmp_path / "conf" / "module"
+    conf.mkdir(parents=True)
+    (conf / "scaled.yaml").write_text(
+        f"name: scaled\nmodel: {{_target_: modules.CallsCppOp, library: {cpp_tools['ops']}}}\n"
+        "inputs: {x: {shape: [3, 4]}}\n"
+    )
+    built = flashrt_build.build(
+        compose(["+module=scaled", f"output_root={tmp_path / 'out'}"], config_dir=tmp_path / "conf")
+    )
+    assert built.manifest["libraries"] == [{"path": str(cpp_tools["ops"]), "ops": ["flashrt_test_ops::scale"]}]
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    expected = flashrt_build.load(built.output_dir)(x)
+    code = (
+        "import torch, flashrt_build\n"
+        f"x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))\n"
+        f"print(flashrt_build.load({str(built.output_dir)!r})(x).sum().item())\n"
+    )
+    served = run(sys.executable, "-c", code)
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert float(served.stdout) == pytest.approx(expected.sum().item(), rel=1e-5)
+    proc, out = cpp_run(cpp_tools, built.output_dir, {"x": x}, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(out["output"], expected)

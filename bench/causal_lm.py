@@ -1,0 +1,213 @@
+"""A transformers LLM served from a causal_lm package against what a user of
+transformers would run instead: the same save_pretrained directory loaded by
+transformers with a StaticCache, its forward under
+`torch.compile(mode="reduce-overhead")` (through `flashrt_build.causal_lm`'s
+eager module, which is that forward with the cache bound).
+
+    CXX=g++-12 python bench/causal_lm.py            # H200: a Llama-3.2-1B-shaped model, random weights, bf16
+    python bench/causal_lm.py --target cpu --size layers=2,hidden=64,heads=4,kv_heads=2,mlp=128,vocab=256 \\
+        --prompt 16 --new 8 --steps 3 --rounds 2 --no-cpp   # a smoke run
+
+Writes the model with save_pretrained (bf16, tied embeddings), builds it
+through the CLI (`+module=causal_lm`, external weights, CUDA graphs by
+default), then times, alternating in `--rounds` rounds: a decode step
+replayed from a graph and a `--prompt`-token prefill, package against
+reduce-overhead; then `--prompt` + `--new` tokens, greedy, in Python, in C++
+(flashrt-generate) and through reduce-overhead, the tokens compared with
+transformers' own eager `generate`. Kernels per decode step are counted
+from a plain (graph-free) call. Figures: bench/results/causal_lm.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from report import RESULTS, build_root, cli_build, publish, table  # noqa: E402
+from serve_llm import count_kernels, cpp_generate_tool, sync, timed  # noqa: E402
+
+import flashrt_build  # noqa: E402
+from flashrt_build.causal_lm import CausalLM  # noqa: E402
+
+# Llama-3.2-1B's shape: 16 layers, 2048 wide, 32 heads, 8 KV heads, an 8192 MLP, 128256 tokens, tied embeddings.
+LLAMA_1B = "layers=16,hidden=2048,heads=32,kv_heads=8,mlp=8192,vocab=128256"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--size", default=LLAMA_1B)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--cache", type=int, default=1024, help="module.max_cache_len")
+    parser.add_argument("--steps", type=int, default=50, help="steps per timed sample")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-cpp", action="store_true", help="skip flashrt-generate")
+    parser.add_argument("--extra", action="append", default=[], metavar="OVERRIDE", help="more build overrides")
+    parser.add_argument("--out-name", default="causal_lm")
+    parser.add_argument("--work", help="build here and keep the model and its build (a rerun reuses them)")
+    args = parser.parse_args()
+    device = torch.device(args.target)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with build_root(args.work) as root:
+        directory = save_model(Path(root) / "model", args.size, dtype)
+        overrides = ["+module=causal_lm", f"module.pretrained={directory}", f"module.max_cache_len={args.cache}",
+                     f"module.max_prompt={args.prompt}", f"target={args.target}", "weights=external",
+                     *(["serve.cuda_graphs=true"] if device.type == "cuda" else []), *args.extra]  # fmt: skip
+        out, manifest, build_s = cli_build(overrides, Path(root) / "out")
+        results = measure(args, directory, out, device, dtype)
+        results["build_s"] = build_s
+        results["compile_s"] = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
+        command = "python bench/causal_lm.py " + " ".join(sys.argv[1:])
+        (RESULTS / f"{args.out_name}.json").write_text(json.dumps(results, indent=2) + "\n")
+        publish(RESULTS / f"{args.out_name}.md", "causal_lm against transformers + reduce-overhead", command,
+                report(results, args))  # fmt: skip
+
+
+def save_model(directory: Path, size: str, dtype: torch.dtype) -> Path:
+    """A random Llama of `size`, saved with save_pretrained (kept under --work)."""
+    import transformers
+
+    if (directory / "config.json").is_file():
+        return directory
+    s = dict(part.split("=") for part in size.split(","))
+    config = transformers.LlamaConfig(
+        num_hidden_layers=int(s["layers"]), hidden_size=int(s["hidden"]), num_attention_heads=int(s["heads"]),
+        num_key_value_heads=int(s["kv_heads"]), intermediate_size=int(s["mlp"]), vocab_size=int(s["vocab"]),
+        max_position_embeddings=131072, tie_word_embeddings=True, rope_theta=500000.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(dtype).save_pretrained(directory)
+    return directory
+
+
+def measure(args: argparse.Namespace, directory: Path, out: Path, device: torch.device, dtype: torch.dtype) -> dict:
+    replayed = flashrt_build.load(out, device=device)
+    plain = flashrt_build.load(out, device=device, cuda_graphs=False)
+    eager = CausalLM(str(directory), args.cache).to(device=device, dtype=dtype).eval()
+    compiled = {name: torch.compile(getattr(eager, name), mode="reduce-overhead") for name in ("prefill", "decode")}
+    vocab = eager._model.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(0)).to(device)
+    token = prompt[:, -1:].clone()
+    at = torch.tensor([args.prompt], device=device)
+
+    def step(call: Any) -> Any:
+        def run() -> Any:
+            if call in compiled.values():
+                torch.compiler.cudagraph_mark_step_begin()
+            with torch.no_grad():
+                return call(token, at) if call is compiled["decode"] else call(token, position=at)
+
+        return run
+
+    def prefill(call: Any) -> Any:
+        def run() -> Any:
+            if call is compiled["prefill"]:
+                torch.compiler.cudagraph_mark_step_begin()
+            with torch.no_grad():
+                return call(prompt)
+
+        return run
+
+    results: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "size": args.size}
+    package, baseline = step(replayed.decode.run_trusted), step(compiled["decode"])
+    results["decode_ms"] = timed({"package, graphs": package, "transformers, reduce-overhead": baseline}, args, device)
+    results["prefill_ms"] = timed(
+        {"package, graphs": prefill(replayed.prefill), "transformers, reduce-overhead": prefill(compiled["prefill"])},
+        args, device, steps=max(1, args.steps // 10),
+    )  # fmt: skip
+    results["kernels_per_decode_step"] = count_kernels(step(plain.decode.run_trusted), device)
+    results["generation"] = generation(args, directory, out, replayed, compiled, prompt, device, dtype)
+    return results
+
+
+def generation(
+    args: argparse.Namespace, directory: Path, out: Path, replayed: Any, compiled: dict[str, Any],
+    prompt: torch.Tensor, device: torch.device, dtype: torch.dtype,
+) -> dict[str, Any]:  # fmt: skip
+    """`--prompt` + `--new` tokens, greedy, each way: tokens/s over the whole, and the tokens."""
+    import transformers
+
+    runs: dict[str, dict[str, Any]] = {}
+    replayed.reset_state()
+    flashrt_build.generate(replayed, prompt, args.new)  # warm-up: captures
+    replayed.reset_state()
+    g = flashrt_build.generate(replayed, prompt, args.new, timed=True)
+    runs["package, graphs (Python)"] = {"tokens_per_s": g.tokens_per_s, "tokens": g.tokens[0].tolist()}
+    for _ in range(2):  # the second is timed: the first compiles and captures
+        sync()
+        start = time.perf_counter()
+        with torch.no_grad():
+            torch.compiler.cudagraph_mark_step_begin()
+            token = compiled["prefill"](prompt)[:, -1].argmax(-1, keepdim=True)
+            tokens = [token]
+            for i in range(args.new - 1):
+                torch.compiler.cudagraph_mark_step_begin()
+                at = torch.tensor([prompt.shape[1] + i], device=device)
+                token = compiled["decode"](token.clone(), at)[:, -1].argmax(-1, keepdim=True)
+                tokens.append(token)
+        sync()
+        seconds = time.perf_counter() - start
+    runs["transformers, reduce-overhead"] = {"tokens_per_s": args.new / seconds,
+                                            "tokens": torch.cat(tokens, 1)[0].tolist()}  # fmt: skip
+    if not args.no_cpp:
+        ids = ",".join(map(str, prompt[0].tolist()))
+        command = [str(cpp_generate_tool()), str(out), "--prompt", ids, "--tokens", str(args.new), "--warmup", "1",
+                   "--json", *(["--cuda-graphs"] if device.type == "cuda" else [])]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise SystemExit(f"flashrt-generate failed: {done.stderr}")
+        said = json.loads(done.stdout)
+        runs["package, graphs (C++ flashrt-generate)"] = {
+            "tokens_per_s": said["tokens_per_s"],
+            "tokens": said["tokens"],
+        }
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
+    with torch.no_grad():
+        reference = model.generate(prompt, do_sample=False, max_new_tokens=args.new, min_new_tokens=args.new,
+                                   eos_token_id=None)[0, prompt.shape[1] :].tolist()  # fmt: skip
+    for run in runs.values():
+        run["same_tokens_as_transformers_eager"] = next(
+            (i for i, (a, b) in enumerate(zip(run["tokens"], reference, strict=True)) if a != b), len(reference)
+        )
+    return runs
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> str:
+    decode, prefill = results["decode_ms"], results["prefill_ms"]
+    package, baseline = "package, graphs", "transformers, reduce-overhead"
+
+    def ratio(section: dict[str, Any]) -> float:
+        pairs = zip(section[package]["samples"], section[baseline]["samples"], strict=True)
+        return sorted(a / b for a, b in pairs)[len(section[package]["samples"]) // 2]
+
+    rows = [
+        ("decode step (ms)", f"{decode[package]['median']:.3f}", f"{decode[baseline]['median']:.3f}",
+         f"{ratio(decode):.3f}"),
+        (f"prefill {args.prompt} (ms)", f"{prefill[package]['median']:.3f}", f"{prefill[baseline]['median']:.3f}",
+         f"{ratio(prefill):.3f}"),
+    ]  # fmt: skip
+    text = table(["", "package (graphs)", "transformers + reduce-overhead", "ratio"], rows, "lrrr")
+    text += f"\n\nKernels per decode step (plain call): {results['kernels_per_decode_step']}\n\n"
+    text += table(
+        ["generation", "tokens/s", "tokens equal to transformers eager"],
+        [(name, f"{run['tokens_per_s']:.1f}", f"{run['same_tokens_as_transformers_eager']} of {args.new}")
+         for name, run in results["generation"].items()],
+        "lrr",
+    )  # fmt: skip
+    return text + f"\n\nBuild {results['build_s']:.0f} s (compile: {results['compile_s']})\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Custom operators in an exported graph, found before the compile. A package
+runs without Python, so each operator outside torch's own namespaces must
+have a compiled kernel:
+
+- a C++ kernel stays: the shared library that registers it is recorded in the
+  manifest (`libraries`) and loaded before the package, by `load` and by the
+  C++ library;
+- a Python-only operator (`torch.library.custom_op`) is decomposed into the
+  operators its Python implementation calls, when that traces;
+- otherwise the build stops here, naming the operator and what to do, instead
+  of compiling a package whose loader refuses it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ExportError, first_lines
+
+# Namespaces of torch's own operators, which every package loader runs or
+# Inductor lowers away (`export::access_subclass_inner_tensor`, a quantized
+# weight's parts).
+TORCH_NAMESPACES = frozenset(
+    {"aten", "prims", "prim", "export", "inductor", "quantized", "_quantized", "_c10d_functional",
+     "c10d_functional", "higher_order", "profiler", "debugprims"}
+)  # fmt: skip
+
+
+def custom_operators(program: torch.export.ExportedProgram) -> list[torch._ops.OpOverload]:
+    """The operators outside torch's namespaces a graph calls, in order of first use."""
+    found: dict[str, torch._ops.OpOverload] = {}
+    for node in program.graph.nodes:
+        target = node.target
+        ours = node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+        if ours and target.namespace not in TORCH_NAMESPACES:
+            found.setdefault(target.name(), target)
+    return list(found.values())
+
+
+def python_only(op: torch._ops.OpOverload) -> bool:
+    """Is the operator's kernel Python (a `custom_op`, or registered from a .py file)?"""
+    from torch._library.custom_ops import OPDEFS
+
+    if op.name().split(".")[0] in OPDEFS:
+        return True
+    dump = torch._C._dispatch_dump(op.name().split(".")[0])
+    kernels = re.findall(r"^(?:CPU|CUDA|Composite\w*)[^:]*: registered at (\S+)", dump, flags=re.M)
+    return bool(kernels) and all(where.split(":")[0].endswith(".py") for where in kernels)
+
+
+def resolve_custom_ops(
+    program: torch.export.ExportedProgram, target: str, method: str | None = None
+) -> tuple[torch.export.ExportedProgram, list[str], dict[str, list[str]]]:
+    """The program with its Python-only operators decomposed, the operators
+    decomposed, and the C++ ones by the library that registers them."""
+    where = f"{target} method {method}" if method else target
+    ops = custom_operators(program)
+    python = [op for op in ops if python_only(op)]
+    if python:
+        table = {op: _python_implementation(op, where) for op in python}
+        try:
+            program = program.run_decompositions(table)
+        except Exception as exc:
+            names = ", ".join(op.name() for op in python)
+            experts = any(op.namespace == "transformers" for op in python)
+            hint = (
+                " (transformers' mixture-of-experts layers: build with +module=causal_lm, or call the model's "
+                "set_experts_implementation('batched_mm') in your factory)"
+                if experts
+                else ""
+            )
+            raise ExportError(
+                f"the graph of {where} calls {names}, a custom operator with only a Python implementation, "
+                f"which a package cannot run (it loads no Python), and whose implementation does not trace "
+                f"({type(exc).__name__}: {first_lines(exc, 1)}); give it a C++ kernel (torch.library in a compiled "
+                f"library) or a traceable implementation, or keep the model from calling it{hint}"
+            ) from exc
+        left = [op for op in custom_operators(program) if python_only(op)]
+        if left:
+            raise ExportError(f"the graph of {where} still calls {left[0].name()} after its decomposition")
+    libraries: dict[str, list[str]] = {}
+    for op in custom_operators(program):
+        library = library_of(op)
+        if library is None:
+            raise ExportError(
+                f"the graph of {where} calls {op.name()}, whose C++ kernel comes from no shared library this "
+                "process loaded that flashrt_build can name (torch.ops.load_library, or a Python package of its "
+                "namespace's name); a package could not load it elsewhere"
+            )
+        libraries.setdefault(library, []).append(op.name())
+    return program, [op.name() for op in python], libraries
+
+
+def _python_implementation(op: torch._ops.OpOverload, where: str) -> Any:
+    from torch._library.custom_ops import OPDEFS
+
+    definition = OPDEFS.get(op.name().split(".")[0])
+    if definition is None:
+        raise ExportError(
+            f"the graph of {where} calls {op.name()}, a custom operator registered from Python, which a package "
+            "cannot run: give it a C++ kernel (torch.library in a compiled library), or keep the model from "
+            "calling it"
+        )
+    return definition._init_fn
+
+
+def library_of(op: torch._ops.OpOverload) -> str | None:
+    """The shared library that registered an operator: one loaded with
+    torch.ops.load_library, or a compiled extension of the Python package of
+    its namespace's name (torchvision's), that this process has mapped and
+    whose bytes name the operator."""
+    mapped = _mapped_libraries()
+    candidates = [path for path in sorted(torch.ops.loaded_libraries) if path in mapped]
+    package = sys.modules.get(op.namespace)
+    if package is not None and getattr(package, "__file__", None):
+        folder = Path(package.__file__).parent
+        candidates += [path for path in sorted(mapped) if Path(path).parent == folder and ".so" in Path(path).name]
+    name = op.name().split("::")[1].split(".")[0].encode()
+    return next((path for path in candidates if name in Path(path).read_bytes()), None)
+
+
+def _mapped_libraries() -> set[str]:
+    """Every shared object mapped into this process (Linux /proc/self/maps)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return set(torch.ops.loaded_libraries)
+    return {line.split()[-1] for line in lines if ".so" in line.split()[-1]}

@@ -1,0 +1,77 @@
+"""Custom operators in the graph, found before the compile: a Python-only
+one is decomposed when its implementation traces, or refused naming it; one
+with a C++ kernel stays, its library recorded and loaded before the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import module_conf
+
+import flashrt_build
+from flashrt_build.config.compose import compose
+from flashrt_build.errors import ExportError
+
+pytestmark = pytest.mark.slow
+
+
+def build(tmp_path: Path, name: str, body: str) -> flashrt_build.BuildResult:
+    conf = module_conf(tmp_path, name, body)
+    return flashrt_build.build(compose([f"+module={name}", f"output_root={tmp_path / 'out'}"], config_dir=conf))
+
+
+def test_a_python_only_operator_that_traces_is_decomposed(tmp_path: Path) -> None:
+    result = build(tmp_path, "twice", "name: twice\nmodel: {_target_: modules.CallsCustomOps}\n"
+                                      "inputs: {x: {shape: [3, 4]}}\n")  # fmt: skip
+    assert result.manifest["verification"]["passed"] is True and "libraries" not in result.manifest
+    # the package runs where the operator was never defined (tests/modules.py never imported): it calls none
+    code = (
+        "import sys, torch, flashrt_build\n"
+        f"print(flashrt_build.load({str(result.output_dir)!r})(torch.ones(3, 4)).sum().item())\n"
+        "assert 'modules' not in sys.modules\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    served = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert float(served.stdout) == pytest.approx(flashrt_build.load(result.output_dir)(torch.ones(3, 4)).sum().item())
+
+
+def test_a_python_only_operator_that_does_not_trace_stops_the_build_before_the_compile(tmp_path: Path) -> None:
+    with pytest.raises(ExportError) as info:
+        build(tmp_path, "rows", "name: rows\nmodel: {_target_: modules.CallsCustomOps, op: nonzero_rows}\n"
+                                "inputs: {x: {shape: [3, 4]}}\n")  # fmt: skip
+    said = str(info.value)
+    assert "calls flashrt_tests::nonzero_rows, a custom operator with only a Python implementation" in said
+    assert "give it a C++ kernel" in said
+    assert not (tmp_path / "out" / "rows").exists()
+
+
+def test_an_operator_with_a_cpp_kernel_stays_and_its_library_is_loaded_first(
+    roi_align_build: flashrt_build.BuildResult,
+) -> None:
+    import torchvision
+
+    (library,) = roi_align_build.manifest["libraries"]
+    assert library["ops"] == ["torchvision::roi_align"]
+    assert Path(library["path"]).parent == Path(torchvision.__file__).parent
+    # a serving process that never imports torchvision: load() registers the operator first
+    code = (
+        "import sys, torch, flashrt_build\n"
+        f"model = flashrt_build.load({str(roi_align_build.output_dir)!r})\n"
+        "torch.manual_seed(0)\n"
+        "boxes = torch.tensor([[0., 0., 4., 4.], [2., 2., 7., 7.]])\n"
+        "print(model(images=torch.randn(1, 3, 8, 8), boxes=boxes).sum().item())\n"
+        "assert 'torchvision' not in sys.modules\n"
+    )
+    served = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert served.returncode == 0, served.stderr[-3000:]
+    torch.manual_seed(0)
+    images, boxes = torch.randn(1, 3, 8, 8), torch.tensor([[0.0, 0.0, 4.0, 4.0], [2.0, 2.0, 7.0, 7.0]])
+    here = flashrt_build.load(roi_align_build.output_dir)(images=images, boxes=boxes).sum().item()
+    assert json.loads(served.stdout.strip()) == pytest.approx(here, rel=1e-5)
