@@ -117,6 +117,8 @@ class Manifest(TypedDict, total=False):
     package: FileRecord
     weights: dict[str, Any]
     state: dict[str, Any] | None
+    libraries: list[dict[str, Any]]  # shared libraries of the custom operators the package calls
+    files: list[FileRecord]  # copied beside the package (a tokenizer)
     inputs: list[InputEntry]
     outputs: list[dict[str, Any]]
     methods: dict[str, MethodEntry]

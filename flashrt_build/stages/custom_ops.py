@@ -113,15 +113,20 @@ def library_of(op: torch._ops.OpOverload) -> str | None:
     """The shared library that registered an operator: one loaded with
     torch.ops.load_library, or a compiled extension of the Python package of
     its namespace's name (torchvision's), that this process has mapped and
-    whose bytes name the operator."""
+    whose bytes name the namespace and the operator."""
     mapped = _mapped_libraries()
     candidates = [path for path in sorted(torch.ops.loaded_libraries) if path in mapped]
     package = sys.modules.get(op.namespace)
     if package is not None and getattr(package, "__file__", None):
         folder = Path(package.__file__).parent
         candidates += [path for path in sorted(mapped) if Path(path).parent == folder and ".so" in Path(path).name]
-    name = op.name().split("::")[1].split(".")[0].encode()
-    return next((path for path in candidates if name in Path(path).read_bytes()), None)
+    # The library's bytes hold the namespace (its TORCH_LIBRARY) and the operator's schema.
+    namespace, name = op.namespace.encode(), op.name().split("::")[1].split(".")[0].encode()
+    for path in candidates:
+        data = Path(path).read_bytes()
+        if namespace in data and name in data:
+            return path
+    return None
 
 
 def _mapped_libraries() -> set[str]:

@@ -105,9 +105,8 @@ def test_hydra_flags_work() -> None:
     assert job.returncode == 0 and "_target_: flashrt_build.examples.MLP" in job.stdout
     helped = cli("--help")
     assert helped.returncode == 0
-    assert "module: bert_base, bert_tiny, gpt2_tiny, llama_1b, mlp, pretrained_gpt2, resnet50, t5_tiny, tiny_lm" in (
-        helped.stdout
-    )
+    modules = "bert_base, bert_tiny, causal_lm, gpt2_tiny, llama_1b, mlp, pretrained_gpt2, resnet50, t5_tiny, tiny_lm"
+    assert f"module: {modules}" in helped.stdout
     script = Path(sys.executable).parent / "flashrt-build"
     assert subprocess.run([str(script), "--help"], capture_output=True, timeout=60).returncode == 0
 

@@ -345,9 +345,13 @@ def test_every_shipped_config_instantiates(name: str, tmp_path: Path) -> None:
     if name == "pretrained_gpt2":
         save_gpt2_tiny(str(tmp_path / "gpt2"))
         overrides.append(f"module.model.pretrained_model_name_or_path={tmp_path / 'gpt2'}")
+    if name == "causal_lm":
+        from llm_families import save_family
+
+        overrides.append(f"module.pretrained={save_family('llama', tmp_path / 'llama')}")
     spec = resolve_spec(compose(overrides))
     check_targets(spec)  # located as Hydra will, every nested one too
-    if name == "pretrained_gpt2":
+    if name in ("pretrained_gpt2", "causal_lm"):
         module = instantiate_module(spec)
     else:
         with torch.device("meta"):
