@@ -78,7 +78,7 @@ def _config_dir() -> str | None:
 
 def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
-    from .errors import FlashrtError, UnexpectedError, interrupted_instead, log_failure
+    from .errors import report_failure
 
     if HydraConfig.initialized():
         name_and_place(cfg, _baseline(), _config_dir())
@@ -88,24 +88,18 @@ def run_job(cfg: DictConfig) -> int:
         return run_sweep_job(cfg)
     try:
         from .cache.plan import make_plan
-        from .cache.reuse import reuse
+        from .cache.reuse import decide
 
         plan = make_plan(cfg)  # resolved once, here, without torch
-        # A CUDA target's key names its GPU, which only torch can see: the build asks.
-        if not plan.spec.device.startswith("cuda") and reuse(plan) is not None:
+        decided = decide(plan)
+        if decided.built:
             return 0
         from .pipeline import build_plan  # torch is imported only when there is work to do
 
-        build_plan(plan, reuse_checked=True)
+        build_plan(plan, decided)
         return 0
-    except FlashrtError as exc:
-        interrupted_instead(exc)
-        log_failure(log, exc)
-        return exc.exit_code
-    except Exception as exc:  # not raised on purpose: a failed build all the same, said in one line
-        interrupted_instead(exc)
-        log_failure(log, UnexpectedError(exc))
-        return 1
+    except Exception as exc:  # raised on purpose or not: a failed build, said in one line
+        return report_failure(log, exc).exit_code
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

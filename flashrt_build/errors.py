@@ -13,6 +13,9 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class FlashrtError(Exception):
@@ -43,6 +46,25 @@ def raise_all(problems: list[ConfigError]) -> None:
         raise problems[0]
     if problems:
         raise ConfigErrors(problems)
+
+
+class Problems(list[ConfigError]):
+    """The one collector of config problems, so every problem is reported at
+    once: the config's resolvers (config/) and the preflight (stages/) add to
+    it, `check` runs a check that raises, `raise_all` reports them."""
+
+    def check(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """`fn(*args)`, or None with its problems collected."""
+        try:
+            return fn(*args)
+        except ConfigErrors as exc:
+            self.extend(exc.problems)
+        except ConfigError as exc:
+            self.append(exc)
+        return None
+
+    def raise_all(self) -> None:
+        raise_all(self)
 
 
 class ConfigErrors(ConfigError):
@@ -173,6 +195,17 @@ def cleanup_uninterrupted() -> Iterator[None]:
     if _received and not _raised and not _deferring:
         _raised.append(True)
         raise Interrupted(_received[0])
+
+
+def report_failure(log: logging.Logger, exc: Exception) -> FlashrtError:
+    """A failed build, however it was run (the command line, a sweep's build
+    process): `Interrupted` instead when a signal came first; an exception
+    raised on no purpose made an `UnexpectedError`; logged as one line.
+    Returns the error, whose exit code is the command's."""
+    interrupted_instead(exc)
+    failure = exc if isinstance(exc, FlashrtError) else UnexpectedError(exc)
+    log_failure(log, failure)
+    return failure
 
 
 def log_failure(log: logging.Logger, exc: BaseException) -> None:

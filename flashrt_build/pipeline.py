@@ -8,23 +8,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from .artifact import PACKAGE, written_files
-from .cache.compiled import compile_methods
-from .cache.key import method_keys
 from .cache.plan import Plan, make_plan
-from .cache.reuse import check_up_to_date, reuse
+from .cache.reuse import Reuse, check_up_to_date, decide
 from .cache.store import Store
 from .config.schema import BuildConfig, WeightsMode
 from .errors import quiet_known_warnings
 from .runtime.gpu import fp32_precision, gpu_of
 from .runtime.manifest import read_manifest, write_manifest
-from .stages.assemble import assemble_manifest
+from .stages.assemble import assemble_manifest, finish_manifest
+from .stages.compile import KeptModels, compile_stage
 from .stages.domain import inputs_stage
 from .stages.export import export_stage
 from .stages.module import instantiate_stage
@@ -74,17 +72,18 @@ def report_progress() -> None:
         log.setLevel(logging.INFO)
 
 
-def build_plan(plan: Plan, reuse_checked: bool = False) -> BuildResult:
+def build_plan(plan: Plan, decided: Reuse | None = None) -> BuildResult:
     """Build a resolved plan, unless the artifact in place (or in the store) is
-    its build; `reuse_checked`: the caller has just asked (`cache.reuse`)."""
+    its build; `decided`: what the caller's `cache.reuse.decide` answered."""
     spec = plan.spec
     apply_threads(spec.threads)
     options = preflight(spec)  # the checks that need torch, every problem at once
-    gpu = gpu_of(spec.device)
-    plan = plan.for_gpu(gpu)  # a CUDA build's key names the GPU's architecture
-    done = None if reuse_checked and gpu is None else reuse(plan)
-    if done is not None:
-        return BuildResult(spec.output_dir, done[1], done[0])
+    plan = plan.for_gpu(gpu_of(spec.device))  # a CUDA build's key names the GPU's architecture
+    if decided is None or not decided.built and plan.gpu_keyed:
+        decided = decide(plan)
+    if decided.built:
+        assert decided.manifest is not None
+        return BuildResult(spec.output_dir, decided.manifest, decided.status)
     with fp32_precision(spec.tf32):  # export, compile and verify under the target's TF32 policy
         result = _run_stages(plan, options)
     plan.remembered.save(create=True)
@@ -105,23 +104,33 @@ def _run_stages(plan: Plan, options: dict[str, Any]) -> BuildResult:
         if not spec.force and check_up_to_date(plan)[0]:
             log.info("%s: built meanwhile by another process: %s", spec.name, spec.output_dir)
             return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
-        compiled = compile_methods(plan, exported, options, staging / PACKAGE, timer)
-        keys = method_keys(plan.ingredients) if spec.multi_method else {}
-        state = timer.run("package", package_stage, spec, module, exported, compiled, keys, plan.toolchain, staging)
-
-        manifest = partial(assemble_manifest, spec, timer.sections, options=options, keys=plan.keys,
-                           ingredients=plan.ingredients, digests=plan.digests, timings=timer.timings)  # fmt: skip
-        if spec.verify:  # on the draft manifest, which the package is loaded against
-            timer.run("verify", verify_stage, spec, module, staging, manifest(), state, originals)
+        kept = _kept_models(plan)
+        compiled = compile_stage(spec, exported, options, staging / PACKAGE, kept, plan.compile_cache(), timer)
+        state = timer.run("package", package_stage, spec, module, exported, compiled, plan.method_keys,
+                          plan.toolchain, staging)  # fmt: skip
+        sections = {"options": options, "keys": plan.keys, "ingredients": plan.ingredients, "digests": plan.digests}
+        draft = assemble_manifest(spec, timer.sections, **sections, timings=dict(timer.timings))
+        if spec.verify:  # the package is loaded against the draft, as users will load it
+            timer.run("verify", verify_stage, spec, module, staging, draft, state, originals)
         else:
             log.warning("verification is off (verify.enabled=false): the package is recorded as unverified")
-        record = manifest()
+        record = finish_manifest(draft, timer.sections.get("verification"), timer.timings)
         with timer.stage("manifest"):
             write_manifest(staging, record)
         publish(staging, spec.output_dir)
     _keep_in_store(plan)
     log.info("artifact: %s", spec.output_dir)
     return BuildResult(spec.output_dir, record, "built")
+
+
+def _kept_models(plan: Plan) -> KeptModels:
+    """The store's compiled models, as the compile stage asks for them."""
+    store = Store(plan.spec.output_root)
+    return KeptModels(
+        plan.kept_model_keys(),
+        lambda key, kind: store.package(key, kind),
+        lambda key, part: store.put("methods", key, [part]),
+    )
 
 
 def _keep_in_store(plan: Plan) -> None:

@@ -3,10 +3,8 @@
     plan.py      a build resolved once: spec, input digests, toolchain, key ingredients, keys
     key.py       the hash of everything that determines an artifact's bytes
     digests.py   file digests remembered by stat (git's index), so no-ops stay cheap
-    reuse.py     an up-to-date artifact is a no-op; an identical stored one is linked
-    compiled.py  each method's compiled model reused from the store by its key
-    store.py     the content-addressed store under the output root
+    reuse.py     reuse or build: an up-to-date artifact is a no-op; an identical stored one is linked
+    store.py     the content-addressed store under the output root (compiled models kept by key)
 
-Imports no torch, except compiled.py (which compiles what the store lacks).
-May import `config`, `runtime`, `stages`, `artifact` and `errors`.
+Imports no torch. May import `config`, `runtime`, `stages`, `artifact` and `errors`.
 """

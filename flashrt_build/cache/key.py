@@ -86,7 +86,7 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
             "files": {label: sha for label, sha in digests.items() if kinds[label] == "weights"},
             "seed": spec.seed,
         },
-        "serve": {"cuda_graphs": spec.cuda_graphs, "max_graphs": spec.max_graphs},
+        "serve": spec.serve_defaults,
     }
     if spec.quant is not None:
         ingredients["judged"] = {"quant.max_rel_error": spec.quant.max_rel_error}

@@ -5,16 +5,19 @@ the same plan on, so nothing is resolved or hashed twice."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..config.compose import as_build_config
+from ..config.schema import WeightsMode
 from ..config.spec import BuildSpec, resolve_spec
 from ..config.targets import use_import_paths
 from ..config.toolchain import describe_toolchain
+from ..runtime.hashing import canonical_sha256
 from .digests import DigestCache
-from .key import build_keys, input_digests, key_ingredients
+from .key import build_keys, input_digests, key_ingredients, method_keys
 from .store import Store
 
 
@@ -26,6 +29,14 @@ class Plan:
     ingredients: dict[str, Any]
     keys: dict[str, str]  # graph_key, build_key
     remembered: DigestCache  # the digests remembered by stat: saved when the build succeeds
+    # per method of several, the key of everything its own compiled model depends on
+    method_keys: dict[str, str] = field(default_factory=dict)
+    gpu_keyed: bool = False  # a CUDA target's key names its GPU once the build has asked torch
+
+    @property
+    def keyed(self) -> bool:
+        """Is the key final? A CUDA target's names its GPU's architecture, which only torch can see."""
+        return self.gpu_keyed or not self.spec.device.startswith("cuda")
 
     def for_gpu(self, gpu: dict[str, Any] | None) -> Plan:
         """The plan of a CUDA target, its key naming the GPU's architecture
@@ -33,6 +44,26 @@ class Plan:
         if gpu is None:
             return self
         return _keyed(self.spec, self.digests, self.remembered, gpu)
+
+    def kept_model_keys(self) -> dict[str, tuple[str, str]]:
+        """Per method, (key, store kind) its compiled model is kept by: each of
+        several by its own method key; a lone external-weights forward by the
+        graph key (its bytes do not depend on weight values); a lone baked one
+        is not kept apart from its artifact."""
+        if self.spec.multi_method:
+            return {name: (key, "methods") for name, key in self.method_keys.items()}
+        if self.spec.weights is WeightsMode.external:
+            return {self.spec.default_method.name: (self.keys["graph_key"], "packages")}
+        return {}
+
+    def compile_cache(self) -> Path | None:
+        """A release compiles in a fresh cache at a path fixed by its config
+        alone, so the same config gives the same bytes from any directory (the
+        path is written into the package) and different configs never share one."""
+        if not self.spec.release:
+            return None
+        digest = canonical_sha256(self.ingredients["config"])[:16]
+        return Path(tempfile.gettempdir()) / "flashrt_build-release" / digest
 
 
 def make_plan(cfg: Any, cwd: Path | None = None) -> Plan:
@@ -46,7 +77,8 @@ def make_plan(cfg: Any, cwd: Path | None = None) -> Plan:
 def _keyed(spec: BuildSpec, digests: dict[str, str], remembered: DigestCache, gpu: dict[str, Any] | None) -> Plan:
     toolchain = describe_toolchain(spec.inductor_options.get("cpp.cxx"), gpu)
     ingredients = key_ingredients(spec, toolchain, digests)
-    return Plan(spec, digests, toolchain, ingredients, build_keys(ingredients), remembered)
+    methods = method_keys(ingredients) if spec.multi_method else {}
+    return Plan(spec, digests, toolchain, ingredients, build_keys(ingredients), remembered, methods, gpu is not None)
 
 
 __all__ = ["Plan", "make_plan"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ..artifact import MANIFEST
@@ -72,25 +73,42 @@ def fill_from_store(plan: Plan) -> dict[str, Any] | None:
     return manifest
 
 
-def reuse(plan: Plan, say_why: bool = True) -> tuple[str, dict[str, Any]] | None:
-    """("up_to_date" | "from_store", manifest) when no build is needed, else
-    None, logging why one is if `say_why`. Torch-free: the command line asks
-    before it hands a plan to the build (which leaves the why to the build)."""
+@dataclass(frozen=True)
+class Reuse:
+    """Whether a plan needs building: "up_to_date" (the artifact in place is
+    its build), "from_store" (linked from an identical stored build, now in
+    place), or "build"; with the artifact's manifest when nothing is built."""
+
+    status: str
+    manifest: dict[str, Any] | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.status != "build"
+
+
+def decide(plan: Plan, say_why: bool = True) -> Reuse:
+    """Reuse or build: the one decision, for the command line, a sweep's job
+    and the build alike, torch-free. A CUDA target's key names its GPU,
+    which only torch can see: until the build has asked (`plan.keyed`), the
+    answer is to build, and the build asks again."""
     spec = plan.spec
+    if not plan.keyed:
+        return Reuse("build")
     if spec.force:
         if say_why:
             log.info("%s: forced rebuild (force=true)", spec.name)
-        return None
+        return Reuse("build")
     fresh, why = check_up_to_date(plan)
     if fresh:
         with build_lock(spec.output_dir):  # also clears what an interrupted build left
             log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)
         plan.remembered.save()
-        return "up_to_date", read_manifest(spec.output_dir)
+        return Reuse("up_to_date", read_manifest(spec.output_dir))
     filled = fill_from_store(plan)
     if filled is not None:
         plan.remembered.save()
-        return "from_store", filled
+        return Reuse("from_store", filled)
     if say_why:
         log.info("%s: %s", spec.name, why)
-    return None
+    return Reuse("build")

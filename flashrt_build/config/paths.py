@@ -1,15 +1,19 @@
 """The paths a config names, checked before any work: the output locations
-can be created and written, a checkpoint read, a config directory listed.
+(derived from the choices, never a timestamp) can be created and written and
+a build may replace them, a config directory listed, the temp dir used.
 Each problem is a ConfigError naming the key and the path; nothing is created."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..artifact import foreign_entries
-from ..errors import ConfigError
+from ..errors import ConfigError, Problems
+from .inputs import NAME
 
 
 def check_writable(path: Path, key: str = "output_dir", beside: bool = True) -> None:
@@ -105,3 +109,45 @@ def check_temp_dir() -> None:
         raise ConfigError(
             "TMPDIR", value, f"{why}: builds compile, and packages load, in the temp dir", "environment variable"
         )
+
+
+def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
+    """The build's output directory: `output_dir`, or one derived from choices.
+
+    Derived: `<output_root>/<module>/<target>-<weights>-<inductor>[-<quant>][-<variant>]`
+    (the quant recipe unless `none`), never a timestamp, so a rebuild lands
+    where the last one did.
+    """
+    root = (cwd / Path(config["output_root"]).expanduser()).resolve()
+    if config.get("output_dir"):
+        return (cwd / Path(config["output_dir"]).expanduser()).resolve()  # `~`: the home directory
+    parts = [config["target"]["name"], str(config["weights"]), config["inductor"]["name"]]
+    if config.get("quant", {}).get("name", "none") != "none":
+        parts.append(config["quant"]["name"])
+    if config.get("variant"):
+        parts.append(config["variant"])
+    leaf = "-".join(parts)
+    name = config["module"]["name"]
+    if not NAME.match(name) or not NAME.match(leaf):
+        return root / "invalid"  # module.name or variant is reported by resolve_spec
+    path = (root / name / leaf).resolve()
+    if root not in path.parents:
+        raise ConfigError("module.name", name, f"the build directory must stay inside output_root {root}")
+    return path
+
+
+def resolve_outputs(config: Mapping[str, Any], cwd: Path, problems: Problems) -> tuple[Path, Path | None]:
+    """(output_root, output_dir), each writable, the output dir one a build
+    may replace; every problem added to `problems`."""
+    if config.get("variant") is not None and not NAME.match(str(config["variant"])):
+        problems.append(ConfigError("variant", config["variant"], "expected letters, digits, '_', '.', '-'"))
+    output_dir = problems.check(derive_output_dir, config, cwd)
+    before = len(problems)
+    output_root = (cwd / Path(config["output_root"]).expanduser()).resolve()
+    root_ok = problems.check(check_writable, output_root, "output_root", False) is None and len(problems) == before
+    if output_dir is not None and (root_ok or config.get("output_dir")):  # a derived dir fails with its root
+        before = len(problems)
+        problems.check(check_writable, output_dir, "output_dir")
+        if len(problems) == before:  # what publishing would replace
+            problems.check(check_output_dir, output_dir, output_root, cwd, config.get("output_dir"))
+    return output_root, output_dir

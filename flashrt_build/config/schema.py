@@ -194,7 +194,7 @@ class VerifyConfig:
     """Parity of the package against the eager module before publishing."""
 
     enabled: bool = True
-    # null: the per-dtype default (see flashrt_build.stages.verify.DEFAULT_TOLERANCES).
+    # null: the per-dtype default (flashrt_build.runtime.dtypes.DEFAULT_TOLERANCES).
     atol: float | None = None
     rtol: float | None = None
     # Calls on the example shape after the probes, so state updates are checked over time.

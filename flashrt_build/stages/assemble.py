@@ -1,5 +1,7 @@
-"""Stage 7: the manifest, assembled in one place from the sections the
-stages returned, in the order of its schema (runtime/manifest.schema.json)."""
+"""The manifest, assembled in one place from the sections the stages
+returned, in the order of its schema (runtime/manifest.schema.json): a draft
+the verification loads the package against, then the record, with how the
+verification went and every stage's time."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def assemble_manifest(
         "outputs": sections["outputs"],
         "methods": sections["methods"],
         "target": sections["target"],
-        "serve": {"cuda_graphs": spec.cuda_graphs, "max_graphs": spec.max_graphs},
+        "serve": spec.serve_defaults,
         "toolchain": sections["toolchain"],
         "inductor": {"options": _jsonable(options)},
         **({"quant": sections["quant"]} if "quant" in sections else {}),
@@ -68,6 +70,16 @@ def assemble_manifest(
         "verification": sections.get("verification", UNVERIFIED),
         "timings": timings,  # the timer's own record: it still grows by the manifest stage after the write
     }
+
+
+def finish_manifest(draft: Manifest, verification: Mapping[str, Any] | None, timings: dict[str, float]) -> Manifest:
+    """The record of a build: its draft, with how verification went (none ran:
+    unverified) and the stages' times (the timer's own dict: it still grows by
+    the manifest stage, after the write)."""
+    record: Manifest = {**draft}  # type: ignore[typeddict-item]
+    record["verification"] = dict(verification) if verification is not None else UNVERIFIED
+    record["timings"] = timings
+    return record
 
 
 def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,20 +13,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import VerifyError
+from ..runtime.dtypes import DEFAULT_TOLERANCES, dtype_name
 
 if TYPE_CHECKING:
     from ..config.spec import BuildSpec
-
-# (atol, rtol) per output dtype. A leaf passes when its max absolute error is
-# within atol or its relative error ||out - ref|| / ||ref|| is within rtol.
-DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-8, 1e-8),
-    torch.float32: (1e-4, 1e-4),
-    torch.float16: (1e-2, 1e-2),
-    # bf16 keeps 8 mantissa bits: a 22-layer 1.1B Llama's logits differ from eager
-    # by 2.9% (relative) once Inductor fuses its kernels (H200, torch 2.11).
-    torch.bfloat16: (5e-2, 5e-2),
-}
 
 
 @dataclass
@@ -52,7 +42,7 @@ class LeafResult:
 
 
 def tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
-    default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+    default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype_name(dtype), (0.0, 0.0))
     return (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
 
 

@@ -1,6 +1,9 @@
-"""Stage 5: AOTInductor compiles each exported graph into a `.pt2` package:
-Inductor's options validated, a fresh cache for a reproducible release, a
-full disk or a compiler failure said in one line."""
+"""The compile: AOTInductor turns each method's exported graph into a `.pt2`
+package (several methods: a model each, combined into one), unless a model
+compiled before is kept by its key (a checkpoint swap of an external-weights
+package, one method changed among several). Inductor's options validated, a
+fresh cache for a reproducible release, a full disk or a compiler failure
+said in one line."""
 
 from __future__ import annotations
 
@@ -8,16 +11,25 @@ import contextlib
 import errno
 import fcntl
 import io
+import logging
+import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..artifact import PACKAGE
 from ..config.schema import WeightsMode
+from ..config.spec import BuildSpec
 from ..errors import BuildError, CompileError, first_lines
+from .archive import combine_packages
 from .export import Exported
+from .progress import StageTimer
+
+log = logging.getLogger("flashrt_build")
 
 # Options flashrt_build sets itself, whatever the profile says.
 FORCED_OPTIONS: dict[str, Any] = {
@@ -43,6 +55,64 @@ def method_options(exported: Exported, declared: Mapping[str, Mapping[str, Any]]
     if exported.state and not exported.threaded:
         options["joint_graph_constant_folding"] = False
     return options
+
+
+@dataclass(frozen=True)
+class KeptModels:
+    """Compiled models kept by key, handed in by the build (the cache's store):
+    per method, (key, where it is kept); `find` one, `keep` one."""
+
+    keys: Mapping[str, tuple[str, str]]
+    find: Callable[[str, str], Path | None]
+    keep: Callable[[str, Path], None]
+
+
+def compile_stage(
+    spec: BuildSpec,
+    exported: list[Exported],
+    options: Mapping[str, Any],
+    package_path: Path,
+    kept: KeptModels,
+    cache_dir: Path | None,
+    timer: StageTimer,
+) -> dict[str, bool]:
+    """Compile each method into `package_path`, or link its kept model;
+    per method, whether it was reused. A stage of its own per method (its
+    log line, its timing)."""
+    reused: dict[str, bool] = {}
+    scratch = package_path.parent / ".methods"  # inside staging: a killed build leaves nothing behind
+    try:
+        parts = {}
+        for e in exported:
+            name, (key, where) = e.method.name, kept.keys.get(e.method.name, ("", ""))
+            parts[name] = part = scratch / name / PACKAGE if spec.multi_method else package_path
+            part.parent.mkdir(parents=True, exist_ok=True)
+            previous = kept.find(key, where) if key else None
+            reused[name] = previous is not None
+            if previous is not None:
+                _link_or_copy(previous, part)
+                what = "reusing the model of method key" if spec.multi_method else "reusing the package of graph"
+                log.info("%-11s %8s  %s%s %s", "compile", "skipped", f"{name}: " * spec.multi_method, what, key[:12])
+                continue
+            target = f"{spec.target} method {name}" if spec.multi_method else spec.target
+            with timer.stage(f"compile {name}" if spec.multi_method else "compile"):
+                own = {**options, **method_options(e, spec.method_inductor_options)}
+                compile_package(e.program, own, part, target, cache_dir)
+            if spec.multi_method:
+                kept.keep(key, part)
+        if spec.multi_method:
+            combine_packages(parts, package_path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return reused
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    """A hard link (the kept model stays when this name goes); a copy across filesystems."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copyfile(source, dest)
 
 
 def compile_package(

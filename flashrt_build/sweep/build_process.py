@@ -16,15 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..errors import (
-    FlashrtError,
-    Interrupted,
-    UnexpectedError,
-    interrupted_instead,
-    log_failure,
-    quiet_known_warnings,
-    stop_on_signals,
-)
+from ..errors import Interrupted, quiet_known_warnings, report_failure, stop_on_signals
 from .job import BUILD_CONFIG, BUILD_RESULT, failure
 
 log = logging.getLogger("flashrt_build")
@@ -40,15 +32,8 @@ def main(job_dir: Path) -> int:
         from ..pipeline import build
 
         outcome = {"status": build(cfg).status}
-    except FlashrtError as exc:
-        interrupted_instead(exc)
-        log_failure(log, exc)
-        outcome = failure(exc)
-    except Exception as exc:  # not raised on purpose: reported as this job's failure, in one line
-        interrupted_instead(exc)
-        unexpected = UnexpectedError(exc)
-        log_failure(log, unexpected)
-        outcome = failure(unexpected)
+    except Exception as exc:  # raised on purpose or not: this job's failure, in one line
+        outcome = failure(report_failure(log, exc))
     (job_dir / BUILD_RESULT).write_text(json.dumps(outcome) + "\n")
     return int(outcome.get("exit_code", 0))
 

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ..artifact import MANIFEST
-from ..errors import FlashrtError, log_failure
+from ..errors import FlashrtError, report_failure
 from ..runtime.manifest import read_manifest
 from ..stages.threads import available_cpus, job_threads, threads_env
 from .gpus import gpu_slot
@@ -39,7 +39,7 @@ BUILD_RESULT = "build_result.json"  # what the build process reports back
 def run_sweep_job(cfg: DictConfig) -> int:
     """Build one job of a multirun and record the outcome; returns its exit code."""
     from ..cache.plan import make_plan
-    from ..cache.reuse import reuse
+    from ..cache.reuse import decide
 
     hydra = HydraConfig.get()
     job_dir = Path(hydra.runtime.output_dir)
@@ -62,12 +62,11 @@ def run_sweep_job(cfg: DictConfig) -> int:
         plan = make_plan(cfg)  # torch-free: an up-to-date job costs a fraction of a second
         spec = plan.spec
         record.update(name=spec.name, output_dir=str(spec.output_dir))
-        reused = None if spec.device.startswith("cuda") else reuse(plan, say_why=False)
-        if reused is None:
-            plan.remembered.save(create=True)  # the build process reads what was hashed here, not the files
-        if reused is not None:
-            outcome: dict[str, Any] = {"status": reused[0]}
+        decided = decide(plan, say_why=False)
+        if decided.built:
+            outcome: dict[str, Any] = {"status": decided.status}
         else:
+            plan.remembered.save(create=True)  # the build process reads what was hashed here, not the files
             with gpu_slot(spec.device) as gpu_env:  # one build per GPU at a time
                 record["gpu"] = (gpu_env or {}).get("FLASHRT_GPU")
                 record["build_started_at"] = time.time()
@@ -75,8 +74,7 @@ def run_sweep_job(cfg: DictConfig) -> int:
                 outcome = _build_in_fresh_process(cfg, job_dir, threads, tag, gpu_env or {})
                 record["build_finished_at"] = time.time()
     except FlashrtError as exc:
-        log_failure(log, exc)
-        outcome = failure(exc)
+        outcome = failure(report_failure(log, exc))
     record["finished_at"] = time.time()
     record["wall_s"] = round(time.perf_counter() - start, 3)
     record.update(_row_fields(outcome, record.get("output_dir")))

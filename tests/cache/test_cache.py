@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import flashrt_build
-import flashrt_build.cache.compiled as compiled
+import flashrt_build.stages.compile as compiled
 from flashrt_build.config.compose import compose
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
-import flashrt_build.cache.compiled as compiled
+import flashrt_build.stages.compile as compiled
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.runtime.checkpoint import check_checkpoint

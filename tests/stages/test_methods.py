@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 
 import flashrt_build
-import flashrt_build.cache.compiled as compiled
+import flashrt_build.stages.compile as compiled
 from flashrt_build.config.compose import as_build_config, compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, ExportError

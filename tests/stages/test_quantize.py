@@ -19,11 +19,11 @@ from greedy import eager_greedy, train_on_a_cycle
 from safetensors.torch import save_file
 
 import flashrt_build
-from flashrt_build.cache import compiled
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, VerifyError, WeightsMismatch
 from flashrt_build.examples import MLP
+from flashrt_build.stages import compile as compiled
 from flashrt_build.stages.compare import quantization_error
 from flashrt_build.stages.module import instantiate_module
 from flashrt_build.stages.quantize import decide, torchao_configs, torchao_version

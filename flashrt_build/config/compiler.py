@@ -1,0 +1,99 @@
+"""The compile resolved: the C++ compiler and the temp dir it compiles in,
+the quantization recipe, and the Inductor options of every method (the
+recipe's, the `inductor` group's, the target's and the release profile's)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError, Problems
+from .inputs import MethodSpec
+from .paths import check_temp_dir
+from .quant import QuantRecipe, resolve_quant
+from .toolchain import check_compiler, compiler_path, march_rejected
+
+RELEASE_MARCH = "x86-64-v3"
+
+
+@dataclass(frozen=True)
+class CompilerSpec:
+    """How the methods are compiled."""
+
+    inductor_options: Mapping[str, Any]  # flattened, every method's
+    method_inductor_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # over them, per method
+    quant: QuantRecipe | None = None  # None: weights as the module holds them
+
+
+def resolve_compiler(config: Mapping[str, Any], methods: list[MethodSpec], problems: Problems) -> CompilerSpec:
+    """The `toolchain`, `quant` and `inductor` groups, every problem added to `problems`."""
+    cxx = config["toolchain"]["cxx"]
+    before = len(problems)
+    problems.check(check_compiler, cxx)
+    found = len(problems) == before  # a compiler to ask about -march
+    problems.check(check_temp_dir)
+    quant = resolve_quant(config["quant"], config["target"]["device"], problems)
+    # The recipe's options first: the inductor group's own win where both set one.
+    options = {
+        **flatten_options(config["quant"]["inductor"]["options"] or {}),
+        **flatten_options(config["inductor"]["options"] or {}),
+    }
+    if cxx is not None:
+        options["cpp.cxx"] = cxx
+    options.update(profile_options(config))
+    per_method = _method_options(config["quant"]["inductor"].get("methods") or {}, methods, problems, "quant.inductor")
+    for name, own in _method_options(config["inductor"].get("methods") or {}, methods, problems).items():
+        per_method[name] = {**per_method.get(name, {}), **own}
+    march = options.get("cpp.march")
+    if march and found:
+        rejected = march_rejected(compiler_path(cxx), str(march))
+        if rejected:
+            pinned = config["target"].get("march") or config.get("release")
+            key = "target.march" if pinned else "inductor.options.cpp.march"
+            problems.append(ConfigError(key, march, f"{compiler_path(cxx)} rejects -march={march}: {rejected}"))
+    return CompilerSpec(options, per_method, quant)
+
+
+def profile_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Inductor options the target and the release profile set: a pinned CPU
+    level instead of -march=native, and no line tables (they embed paths)."""
+    options: dict[str, Any] = {}
+    march = config["target"].get("march") or (RELEASE_MARCH if config.get("release") else None)
+    if march and config["target"]["device"] == "cpu":
+        options["cpp.march"] = march
+    if config.get("release"):
+        options["aot_inductor.enable_line_tables"] = False
+    return options
+
+
+def flatten_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{cpp: {march: x}}` and `{"cpp.march": x}` both become `{"cpp.march": x}`."""
+    flat: dict[str, Any] = {}
+    for key, value in options.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_options(value, prefix=f"{full}."))
+        else:
+            flat[full] = value
+    return flat
+
+
+def _method_options(
+    declared: Mapping[str, Any], methods: list[MethodSpec], problems: Problems, where: str = "inductor"
+) -> dict[str, dict[str, Any]]:
+    """`inductor.methods` (or a recipe's), each entry naming one of the module's methods."""
+    names = [m.name for m in methods]
+    resolved = {}
+    for name, options in declared.items():
+        if name not in names:
+            problems.append(
+                ConfigError(
+                    f"{where}.methods.{name}", options, f"not a method of this module; its methods: {', '.join(names)}"
+                )
+            )
+        elif not isinstance(options, Mapping):
+            problems.append(ConfigError(f"{where}.methods.{name}", options, "expected a mapping of Inductor options"))
+        elif options:
+            resolved[name] = flatten_options(options)
+    return resolved
