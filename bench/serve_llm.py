@@ -48,8 +48,8 @@ from report import RESULTS, alternate, build_root, cli_build, publish, table  # 
 import flashrt_build  # noqa: E402
 from flashrt_build.config.compose import compose  # noqa: E402
 from flashrt_build.config.spec import resolve_spec  # noqa: E402
-from flashrt_build.runtime.load import load_package  # noqa: E402
 from flashrt_build.runtime.manifest import method_bindings  # noqa: E402
+from flashrt_build.runtime.runner import load_package  # noqa: E402
 from flashrt_build.stages.module import instantiate_module  # noqa: E402
 
 BANDWIDTH = 4.3e12  # bytes/s a device-to-device copy moved on the H200 (read + written)

@@ -117,6 +117,10 @@ struct Manifest {
 
 // Inside the package's archive: what a load relies on, as the build recorded it.
 inline constexpr const char* kContractMember = "extra/flashrt_build/contract.json";
+inline constexpr const char* kManifestSchema = "flashrt_build.manifest/1";
+
+// What a load relies on, projected from manifest.json (contract.cpp).
+nlohmann::json load_contract(const nlohmann::json& manifest);
 
 // Throws Error(Artifact) when the manifest's load-relevant fields differ from
 // the record the build wrote into the package (whose digest was checked

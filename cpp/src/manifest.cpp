@@ -2,8 +2,6 @@
 // the package needs. A key that is missing or of the wrong type is named.
 #include "internal.h"
 
-#include <caffe2/serialize/inline_container.h>
-
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,7 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kSchema = "flashrt_build.manifest/1";
 
 // A JSON value and the key path that led to it, for messages.
 struct Node {
@@ -79,61 +76,6 @@ std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
   return stride;
 }
 
-json value_or_null(const json& node, const char* key) {
-  return node.is_object() && node.contains(key) ? node.at(key) : json(nullptr);
-}
-
-// What loading and calling the package relies on, projected from the
-// manifest exactly as flashrt_build.runtime.manifest.load_contract does; the
-// build records the same inside the package.
-json load_contract(const json& doc) {
-  const json& weights = doc.at("weights");
-  json tensors = json::array();
-  for (const auto& t : weights.at("tensors")) {
-    json entry = t;
-    entry.erase("sha256");
-    tensors.push_back(std::move(entry));
-  }
-  const json gpu_node = value_or_null(doc.at("toolchain"), "gpu");
-  const json gpu = gpu_node.is_null()
-                       ? json(nullptr)
-                       : json{{"name", value_or_null(gpu_node, "name")}, {"capability", value_or_null(gpu_node, "capability")}};
-  json state = nullptr;
-  if (!value_or_null(doc, "state").is_null()) {
-    state = json::array();
-    for (const auto& t : doc["state"].at("tensors")) {
-      state.push_back({{"fqn", t.at("fqn")}, {"shape", t.at("shape")}, {"dtype", t.at("dtype")}});
-    }
-  }
-  json methods = json::object();
-  const json declared = value_or_null(doc, "methods");
-  for (const auto& [name, e] : declared.items()) {
-    json method = json::object();
-    for (const char* key : {"method", "model", "inputs", "outputs", "kwargs", "state"}) method[key] = value_or_null(e, key);
-    methods[name] = std::move(method);
-  }
-  const json& target = doc.at("target");
-  json contract = {
-      {"schema", kSchema},
-      {"target",
-       {{"device", value_or_null(target, "device")},
-        {"dtype", value_or_null(target, "dtype")},
-        {"tf32", value_or_null(target, "tf32")}}},
-      {"gpu", gpu},
-      {"weights",
-       {{"mode", weights.at("mode")},
-        {"tensors", tensors},
-        {"unused", weights.contains("unused") ? weights["unused"] : json::array()}}},
-      {"state", state},
-      {"inputs", doc.at("inputs")},
-      {"outputs", doc.at("outputs")},
-      {"methods", methods},
-  };
-  // Only for in-place state: the contracts of earlier packages stay as they were.
-  if (!state.is_null() && value_or_null(doc["state"], "mode") == "in_place") contract.emplace("state_mode", "in_place");
-  return contract;
-}
-
 // One method's inputs, positional ones first (the order the module takes them in).
 std::vector<InputSpec> parse_inputs(const Node& inputs, const std::filesystem::path& path) {
   std::vector<InputSpec> out;
@@ -179,56 +121,7 @@ std::vector<std::string> method_order(const std::string& text) {
   return names;
 }
 
-// The first key at which two JSON values differ, dotted; empty when equal.
-std::string first_difference(const json& a, const json& b, const std::string& key) {
-  if (a.is_object() && b.is_object()) {
-    std::vector<std::string> keys;
-    for (const auto& [k, _] : a.items()) keys.push_back(k);
-    for (const auto& [k, _] : b.items()) {
-      if (!a.contains(k)) keys.push_back(k);
-    }
-    std::sort(keys.begin(), keys.end());
-    for (const auto& k : keys) {
-      const std::string found = first_difference(value_or_null(a, k.c_str()), value_or_null(b, k.c_str()),
-                                                 key.empty() ? k : key + "." + k);
-      if (!found.empty()) return found;
-    }
-    return "";
-  }
-  if (a.is_array() && b.is_array() && a.size() == b.size()) {
-    for (size_t i = 0; i < a.size(); ++i) {
-      const std::string found = first_difference(a[i], b[i], key + "[" + std::to_string(i) + "]");
-      if (!found.empty()) return found;
-    }
-    return "";
-  }
-  return a == b ? "" : (key.empty() ? "the manifest" : key);
-}
-
 }  // namespace
-
-void check_contract(const std::filesystem::path& package, const Manifest& m) {
-  std::string recorded;
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(package.string());
-    if (!reader.hasRecord(kContractMember)) return;  // built before packages recorded it
-    const auto [data, size] = reader.getRecord(kContractMember);
-    recorded.assign(static_cast<const char*>(data.get()), size);
-  } catch (const c10::Error& e) {
-    throw Error(Error::Kind::Artifact, package.string() + " cannot be read as an archive: " + e.what_without_backtrace());
-  }
-  json built;
-  try {
-    built = json::parse(recorded);
-  } catch (const json::exception& e) {
-    throw Error(Error::Kind::Artifact, package.string() + ": its record of the manifest is not JSON (" + e.what() + ")");
-  }
-  const std::string key = first_difference(m.contract, built, "");
-  if (!key.empty()) {
-    throw Error(Error::Kind::Artifact, m.path.string() + " was edited after its build: " + key +
-                                           " differs from the package's own record; refusing to load it");
-  }
-}
 
 Manifest read_manifest(const std::filesystem::path& dir) {
   Manifest m;
@@ -249,9 +142,9 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   const Node root{doc, "", m.path};
   const bool has_schema = root.has("schema") && root["schema"].value.is_string();
   const std::string schema = has_schema ? root["schema"].as<std::string>() : "";
-  if (schema != kSchema) {
+  if (schema != kManifestSchema) {
     throw Error(Error::Kind::Artifact,
-                m.path.string() + " has schema '" + schema + "', expected '" + kSchema + "'");
+                m.path.string() + " has schema '" + schema + "', expected '" + kManifestSchema + "'");
   }
   m.name = root["name"].as<std::string>();
   const Node target = root["target"];

@@ -5,11 +5,15 @@
     command_line.py  the command line composed before Hydra runs anything
     naming.py        the output folder's name, the same from the CLI and compose()
     shipped.py       where the shipped configs and the C++ sources are, installed or not
-    spec.py          a composed config resolved into a typed `BuildSpec`
+    keys.py          keys the schema lacks, each with the closest valid key
+    spec.py          a composed config resolved into a typed `BuildSpec`, a resolver per group
+    module.py        the `module` group: name, targets, methods, checkpoint, served files, imports
+    compiler.py      the compile: compiler, temp dir, quant recipe, each method's Inductor options
+    llm.py           what causal_lm reads from a save_pretrained directory's config.json
     inputs.py        each entry point's inputs, dynamic dims, value ranges, constant kwargs
     quant.py         a quantization recipe: its rules, targets and error bound
     targets.py       what a config may run (the allow-list) and where that code comes from
-    paths.py         the paths a config names: writable, replaceable, listable; TMPDIR
+    paths.py         the output folder derived and checked (writable, replaceable); config dir; TMPDIR
     files.py         every file a build reads, as the config names them
     toolchain.py     which C++ compiler a config means, whether it compiles, the -march it takes
 

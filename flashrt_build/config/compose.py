@@ -16,9 +16,10 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import ConfigError, first_lines, raise_all
+from .keys import unknown_key, unknown_keys
 from .naming import group_overrides, variant_of
 from .paths import check_config_dir
-from .schema import BuildConfig, register_schema, unknown_key, unknown_keys
+from .schema import BuildConfig, register_schema
 from .shipped import CONF_DIR
 from .targets import check_allow_list_source
 

@@ -2,26 +2,19 @@
 
 Registered in Hydra's ConfigStore as the base of `conf/config.yaml`, so every
 group file is merged into a typed node: a wrong type, an unknown key or a
-missing required key fails at composition with Hydra's message naming the key.
-Keys added on the command line with `+` escape that check; `unknown_keys`
-walks a composed config against the schema to catch them.
+missing required key fails at composition (compose.py says it in one line).
+Keys added on the command line with `+` escape that check; keys.py walks a
+composed config against the schema to catch them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import types
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
-
-from ..errors import ConfigError
 
 
 class WeightsMode(str, Enum):
@@ -147,7 +140,7 @@ class InductorConfig:
 
 
 @dataclass
-class QuantRule:
+class QuantRuleConfig:
     """One rule of a quantization recipe: the Linear modules whose FQN matches
     `pattern` (fnmatch: `*` any run of characters, `lm_head`, `blocks.*.mlp.*`)
     get torchao's `config` (a class of `torchao.quantization`) built with
@@ -177,7 +170,7 @@ class QuantConfig:
     checkpoint is loaded and before export. `none`: not at all."""
 
     name: str = "none"
-    rules: list[QuantRule] = field(default_factory=list)
+    rules: list[QuantRuleConfig] = field(default_factory=list)
     # The target devices the recipe's kernels run on (`cpu`, `cuda`).
     devices: list[str] = field(default_factory=lambda: ["cpu", "cuda"])
     # The least CUDA compute capability it needs ([8, 9]: float8), or null.
@@ -279,86 +272,3 @@ def register_schema() -> None:
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=BuildConfig)
     register_resolvers()
-
-
-def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:
-    """Every key of `config` that the schema does not define, each naming its
-    full dotted key, its value and the closest valid key. Free-form places
-    (the module's constructor arguments, `module.kwargs`, Inductor's options)
-    take any key."""
-    problems: list[ConfigError] = []
-    _walk(config, BuildConfig, [], problems)
-    return problems
-
-
-def _walk(value: Any, node: Any, path: list[str], problems: list[ConfigError]) -> None:
-    node = _unwrap_optional(node)
-    if not isinstance(value, Mapping):
-        return
-    if dataclasses.is_dataclass(node):
-        fields = typing.get_type_hints(node)
-        for key, item in value.items():
-            if key in fields:
-                _walk(item, fields[key], [*path, str(key)], problems)
-            else:
-                problems.append(unknown_key(path, str(key), item))
-    elif typing.get_origin(node) is dict:
-        item_type = typing.get_args(node)[1]
-        for key, item in value.items():
-            _walk(item, item_type, [*path, str(key)], problems)
-
-
-def unknown_key(path: list[str], key: str, value: Any) -> ConfigError:
-    """`path.key` is not a config key: say so, with the closest key that is."""
-    # `+inductr.options.max_autotune=true` arrives as {inductr: {options: {max_autotune: true}}}:
-    # name the key as the user typed it.
-    typed = [key]
-    while isinstance(value, Mapping) and len(value) == 1:
-        ((child, value),) = value.items()
-        typed.append(str(child))
-    guess = _closest(path, typed)
-    if guess:
-        hint = f"did you mean {'.'.join(guess)}?"
-    else:
-        siblings = sorted(typing.get_type_hints(_node_at(path)))
-        hint = f"valid keys{' under ' + '.'.join(path) if path else ''}: {', '.join(siblings)}"
-    return ConfigError(".".join([*path, *typed]), value, f"not a config key; {hint}")
-
-
-def _closest(path: list[str], typed: list[str]) -> list[str] | None:
-    """The valid key nearest to `path + typed`: each unknown part replaced by
-    its closest sibling, free-form parts kept; None when the first unknown part
-    resembles nothing."""
-    node: Any = BuildConfig
-    guess: list[str] = []
-    for part in [*path, *typed]:
-        node = _unwrap_optional(node)
-        if dataclasses.is_dataclass(node):
-            fields = typing.get_type_hints(node)
-            match = part if part in fields else next(iter(difflib.get_close_matches(part, fields, n=1)), None)
-            if match is None:
-                return guess if len(guess) > len(path) else None
-            guess.append(match)
-            node = fields[match]
-        elif typing.get_origin(node) is dict:
-            guess.append(part)
-            node = typing.get_args(node)[1]
-        else:  # free-form from here on
-            guess.append(part)
-    return guess
-
-
-def _node_at(path: list[str]) -> Any:
-    node: Any = BuildConfig
-    for part in path:
-        node = _unwrap_optional(node)
-        node = typing.get_type_hints(node)[part] if dataclasses.is_dataclass(node) else typing.get_args(node)[1]
-    return _unwrap_optional(node)
-
-
-def _unwrap_optional(node: Any) -> Any:
-    """`X | None` is `X` here: a None value has no keys to check."""
-    if typing.get_origin(node) in (typing.Union, types.UnionType):
-        options = [arg for arg in typing.get_args(node) if arg is not type(None)]
-        return options[0] if len(options) == 1 else Any
-    return node

@@ -23,11 +23,12 @@ from ..runtime.formats import Checkpoint
 from .compiler import flatten_options, profile_options, resolve_compiler
 from .files import InputFile, model_files
 from .inputs import InputSpec, MethodSpec, canonical_dtype
+from .keys import unknown_keys
 from .llm import register_resolvers
 from .module import resolve_module
 from .paths import derive_output_dir, resolve_outputs
 from .quant import QuantRecipe
-from .schema import StateMode, WeightsMode, unknown_keys
+from .schema import StateMode, WeightsMode
 
 __all__ = ["TF32_TOLERANCES", "BuildSpec", "derive_output_dir", "flatten_options", "profile_options", "resolve_spec"]
 

@@ -3,15 +3,18 @@ safetensors and the standard library: no Hydra, no OmegaConf), and what the
 build's verification uses to load a package exactly as users do.
 
     load.py            `load(dir)`: digests checked, weights bound, a drop-in nn.Module
+    runner.py          a package's models loaded: its custom operators' libraries first
     binding.py         what a load binds: weights checked, state in place or threaded
     call.py            one call of a method: inputs checked, state threaded, outputs rebuilt
     graphs.py          CUDA-graph replay of a method's calls, one graph per input shape
-    generate.py        `generate(m, prompt, n)`: greedy generation through prefill and decode
+    generate.py        `generate(m, prompt, n)`: greedy or sampled, through prefill and decode
     manifest.py        reading, writing and checking manifest.json
-    manifest.schema.json  its JSON Schema, written once (schema.py validates against it)
+    manifest.schema.json  its JSON Schema, written once
+    schema.py          a validator for the part of JSON Schema it uses (no jsonschema needed)
     contract.py        what a load relies on, recorded in the package
     hashing.py         sha256 of files (whole, in chunks on every core) and of JSON values
-    checkpoint.py      checkpoints: read, compared with a package's tensors, streamed into a module
+    checkpoint.py      checkpoints compared with a package's tensors, laid out as it reads them
+    reader.py          checkpoint files read: safetensors a chunk at a time, torch without unpickling
     formats.py         checkpoint files and save_pretrained directories, without torch
     dtypes.py          dtype names, aliases, safetensors codes, written once
     gpu.py             the GPU a package runs on: identity, architecture, TF32 policy

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from ..errors import WeightsMismatch
-from .checkpoint import as_argument, compare, laid_out, read_all, read_checkpoint
+from .checkpoint import compare, laid_out
 from .dtypes import dtype_name
 from .hashing import check_file
 from .manifest import manifest_methods, method_bindings, quantized_originals, state_mode
+from .reader import as_argument, read_all, read_checkpoint
 
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 

@@ -53,49 +53,42 @@ def generate(
 ) -> Generation:
     """Generation through a prefill and a decode method: `model.<prefill>(prompt)`
     gives the logits of every prompt position, the last one's choice is the
-    first new token; each further token is chosen from
-    `model.<decode>(token, position=p)`.
+    first new token; each next one is chosen from `model.<decode>(token, position=p)`.
 
-    `model`: a loaded package (or any module with the two methods). Stops
-    after `max_new_tokens`, or once every sequence has produced one of `eos`.
-    `temperature` 0 (the default) is greedy (the argmax); above 0 samples,
-    from the `top_k` most likely tokens and the smallest set of them whose
-    probability reaches `top_p` when given, with a generator seeded by `seed`
-    (the same tokens every run). `on_token(token [batch, 1])` sees each token
-    as it is chosen (streaming; it waits for the device each step).
-    `timed`: wait for the device to time the prefill and the decode steps.
+    Stops after `max_new_tokens`, or once every sequence produced one of `eos`.
+    `temperature` 0 is greedy; above, it samples from the `top_k` likeliest and
+    the fewest reaching `top_p` (seeded by `seed`: the same tokens every run).
+    `on_token(token [batch, 1])` sees each token as chosen (streaming: a wait
+    per step); `timed` waits for the device to time prefill and decode.
     """
     if prompt.dim() != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be [batch, length] token ids, got shape {list(prompt.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     choose = _chooser(temperature, top_k, top_p, seed, prompt.device)
-    run_prefill, run_decode = getattr(model, prefill), getattr(model, decode)
+    notify = on_token or (lambda token: None)
     length = prompt.shape[1]
     _check_room(model, decode, position, length + max_new_tokens - 1)
-    stops = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=prompt.device)
+    stops = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos), device=prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         start = time.perf_counter()
-        logits = _logits(run_prefill(prompt))
+        logits = _logits(getattr(model, prefill)(prompt))
         token = choose(logits).to(prompt.dtype)
         wait()
         prefill_s, start = time.perf_counter() - start, time.perf_counter()
         tokens = [token]
-        if on_token is not None:
-            on_token(token)
-        step_call = _trusted(run_decode, model, decode, logits.shape[-1])
-        done = torch.isin(token, stops) if stops is not None else None
+        notify(token)
+        step_call = _trusted(getattr(model, decode), model, decode, logits.shape[-1])
+        done = torch.isin(token, stops)
         for step in range(1, max_new_tokens):
-            if done is not None and bool(done.all()):
+            if eos is not None and bool(done.all()):
                 break
             at = torch.full((prompt.shape[0],), length + step - 1, dtype=torch.int64, device=prompt.device)
             token = choose(_logits(step_call(token, **{position: at}))).to(prompt.dtype)
             tokens.append(token)
-            if on_token is not None:
-                on_token(token)
-            if done is not None:
-                done |= torch.isin(token, stops)
+            notify(token)
+            done |= torch.isin(token, stops)
         wait()
         decode_s = time.perf_counter() - start if len(tokens) > 1 else 0.0
     result = Generation(torch.cat(tokens, dim=1))

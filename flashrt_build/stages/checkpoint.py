@@ -1,4 +1,4 @@
-"""Stage 2: a checkpoint loaded into the module strictly, one chunk at a
+"""A checkpoint loaded into the module strictly, one chunk at a
 time, tied weights given once, names renamed by the config's rules."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..runtime.checkpoint import CheckpointFiles
 from ..runtime.dtypes import FLOATING, dtype_name
 from ..runtime.formats import Checkpoint
+from ..runtime.reader import CheckpointFiles
 
 log = logging.getLogger(__name__)
 
@@ -31,31 +31,8 @@ def load_checkpoint(module: torch.nn.Module, checkpoint: Checkpoint, rename: Seq
     files = CheckpointFiles(checkpoint)
     own = module.state_dict(keep_vars=True)
     tied = _tied_groups(own)
-    found: dict[str, tuple[Path, str, list[int], str]] = {}  # module name -> (file, name in it, shape, dtype)
-    for file, table in files.tables().items():
-        for name, (shape, dtype) in table.items():
-            target = _renamed(name, rename)
-            if target in found:
-                first = found[target][1]
-                raise ConfigError(
-                    "module.checkpoint_rename" if rename else "module.checkpoint",
-                    str(checkpoint.path),
-                    f"two checkpoint tensors, {first} and {name}, both name the module's {target}",
-                )
-            found[target] = (file, name, shape, dtype)
-    missing = sorted(n for n in own if n not in found and not any(t in found for t in tied.get(n, ())))
-    unexpected = sorted(name for target, (_, name, _, _) in found.items() if target not in own)
-    wrong = [_mismatch(checkpoint, target, entry, own[target]) for target, entry in found.items() if target in own]
-    problems = [
-        f"{len(items)} {label}: {_first(items)}"
-        for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong", [w for w in wrong if w]))
-        if items
-    ]
-    if problems:
-        hint = "; module.checkpoint_rename maps its names to the module's" if unexpected and missing else ""
-        raise ConfigError(
-            "module.checkpoint", str(checkpoint.path), "does not fit the module: " + "; ".join(problems) + hint
-        )
+    found = _found(checkpoint, files, rename)
+    _check_fit(checkpoint, found, own, tied)
     loaded: dict[str, str] = {}  # module name -> the checkpoint name its storage was written from
     with torch.no_grad():
         for file in checkpoint.files:
@@ -79,6 +56,45 @@ def load_checkpoint(module: torch.nn.Module, checkpoint: Checkpoint, rename: Seq
                     )
     log.debug("loaded %d tensors from %s", len(loaded), checkpoint.path)
     return len(loaded)
+
+
+Found = dict[str, tuple[Path, str, list[int], str]]  # module name -> (file, name in it, shape, dtype)
+
+
+def _found(checkpoint: Checkpoint, files: CheckpointFiles, rename: Sequence[tuple[str, str]]) -> Found:
+    """Every checkpoint tensor by the module name it loads into, after `rename`."""
+    found: Found = {}
+    for file, table in files.tables().items():
+        for name, (shape, dtype) in table.items():
+            target = _renamed(name, rename)
+            if target in found:
+                first = found[target][1]
+                raise ConfigError(
+                    "module.checkpoint_rename" if rename else "module.checkpoint",
+                    str(checkpoint.path),
+                    f"two checkpoint tensors, {first} and {name}, both name the module's {target}",
+                )
+            found[target] = (file, name, shape, dtype)
+    return found
+
+
+def _check_fit(
+    checkpoint: Checkpoint, found: Found, own: Mapping[str, torch.Tensor], tied: Mapping[str, tuple[str, ...]]
+) -> None:
+    """Nothing missing (a tied twin may stand in), nothing unexpected, every shape and dtype fits."""
+    missing = sorted(n for n in own if n not in found and not any(t in found for t in tied.get(n, ())))
+    unexpected = sorted(name for target, (_, name, _, _) in found.items() if target not in own)
+    wrong = [_mismatch(checkpoint, target, entry, own[target]) for target, entry in found.items() if target in own]
+    problems = [
+        f"{len(items)} {label}: {_first(items)}"
+        for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong", [w for w in wrong if w]))
+        if items
+    ]
+    if problems:
+        hint = "; module.checkpoint_rename maps its names to the module's" if unexpected and missing else ""
+        raise ConfigError(
+            "module.checkpoint", str(checkpoint.path), "does not fit the module: " + "; ".join(problems) + hint
+        )
 
 
 def _renamed(name: str, rename: Sequence[tuple[str, str]]) -> str:

@@ -1,4 +1,4 @@
-"""Stage 3, before the compile: the inputs the config declares against the
+"""Before the compile: the inputs the config declares against the
 eager module. Each input must be a parameter of the method it feeds, and the
 method must run on the example and at the edges of what the config promises
 (every dynamic dim at its max, every integer input at both ends of its

@@ -1,4 +1,4 @@
-"""Stage 4: capture the module as one graph with torch.export.
+"""The export: the module captured as one graph per method with torch.export.
 
 A graph break or any export failure is an error naming the module target and
 torch's reason. There is no fallback to a partial graph or to eager.

@@ -1,4 +1,4 @@
-"""Stage 3: example tensors (seeded) and torch.export dynamic shapes."""
+"""Example tensors (seeded) and torch.export dynamic shapes."""
 
 from __future__ import annotations
 

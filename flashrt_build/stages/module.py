@@ -1,4 +1,4 @@
-"""Stage 2: instantiate the module, load its checkpoint strictly, cast it;
+"""Instantiate the module, load its checkpoint strictly, cast it;
 and what the module is, for the manifest."""
 
 from __future__ import annotations

@@ -41,11 +41,44 @@ def package_stage(
     package_path = staging / PACKAGE
     stateful = sorted({name for e in exported for name in e.state})
     threaded = any(e.threaded for e in exported)
+    weights, bound, inlined = _weights_section(spec, exported, stateful, staging)
+    default = next(e for e in exported if e.method == spec.default_method)
+    sections: dict[str, Any] = {
+        "weights": weights,
+        "state": write_state(staging, module, stateful, threaded),
+        # the default method's (what m(...) calls); every method's under `methods`
+        "inputs": [inp.to_json() for inp in default.method.inputs],
+        "outputs": output_specs(default),
+        "methods": {e.method.name: _method_section(spec, e, compiled, method_keys) for e in exported},
+        "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
+        "toolchain": dict(toolchain),
+    }
+    reused = all(compiled.values())
+    # A lone method's package comes from the store whole, sealed; several
+    # methods' stored models are combined into a fresh one, sealed here.
+    seal_package(package_path, load_contract(sections), already=reused and not spec.multi_method)
+    sections["package"] = {"file": PACKAGE, **file_record(package_path), "reused": reused}
+    sections["files"] = copy_served_files(spec, staging)
+    note = f"{sections['package']['bytes'] / 1e6:.2f} MB, {bound} tensors bound"
+    if spec.weights is WeightsMode.external:
+        note += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
+    if inlined:
+        note += f", {inlined} code constants inlined"
+    if stateful:
+        note += f", state {'threaded' if threaded else 'in place'} ({sections['state']['bytes'] / 1e6:.2f} MB)"
+    return Stage(stateful, note, sections)
+
+
+def _weights_section(
+    spec: BuildSpec, exported: list[Exported], stateful: list[str], staging: Path
+) -> tuple[dict[str, Any], int, int]:
+    """The manifest's `weights`: every tensor the package binds (the sidecar
+    written for external weights), and how many are bound and inlined."""
     bound = {
         # In place, every method binds the shared state (one that only reads it too), not a weight's copy.
         e.method.name: match_package_tensors(
             e.program,
-            package_constant_fqns(package_path, e.method.model),
+            package_constant_fqns(staging / PACKAGE, e.method.model),
             spec.target,
             e.prefix,
             e.state if e.threaded else stateful,
@@ -58,51 +91,27 @@ def package_stage(
         weights.update(file=SIDECAR, **file_record(write_sidecar(staging / SIDECAR, tensors)))
     elif spec.multi_method:
         weights["copies"] = len(spec.methods)  # each method's model holds its own
-    default = next(e for e in exported if e.method == spec.default_method)
-    sections: dict[str, Any] = {
-        "weights": {
-            **weights,
-            "tensors": [t.to_json() for t in tensors],
-            # constants of the forward's code that Inductor compiled into the kernels
-            "inlined": [t.to_json() for t in inlined],
-            # module tensors the graph never reads: accepted in a checkpoint, not bound
-            "unused": unused,
-        },
-        "state": write_state(staging, module, stateful, threaded),
-        # the default method's (what m(...) calls); every method's under `methods`
-        "inputs": [inp.to_json() for inp in default.method.inputs],
-        "outputs": output_specs(default),
-        "methods": {
-            e.method.name: {
-                "method": e.method.attr,
-                "model": e.method.model,
-                "inputs": [inp.to_json() for inp in e.method.inputs],
-                "outputs": output_specs(e),
-                "kwargs": dict(e.method.kwargs),
-                "state": e.state,
-                "inductor_options": method_options(e, spec.method_inductor_options),
-                "compiled": "reused" if compiled[e.method.name] else "built",
-                **({"method_key": method_keys[e.method.name]} if spec.multi_method else {}),
-            }
-            for e in exported
-        },
-        "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
-        "toolchain": dict(toolchain),
+    weights["tensors"] = [t.to_json() for t in tensors]
+    weights["inlined"] = [t.to_json() for t in inlined]  # constants Inductor compiled into the kernels
+    weights["unused"] = unused  # module tensors the graph never reads: accepted in a checkpoint, not bound
+    return weights, len(tensors), len(inlined)
+
+
+def _method_section(
+    spec: BuildSpec, e: Exported, compiled: Mapping[str, bool], method_keys: Mapping[str, str]
+) -> dict[str, Any]:
+    """One method's entry of the manifest's `methods`."""
+    return {
+        "method": e.method.attr,
+        "model": e.method.model,
+        "inputs": [inp.to_json() for inp in e.method.inputs],
+        "outputs": output_specs(e),
+        "kwargs": dict(e.method.kwargs),
+        "state": e.state,
+        "inductor_options": method_options(e, spec.method_inductor_options),
+        "compiled": "reused" if compiled[e.method.name] else "built",
+        **({"method_key": method_keys[e.method.name]} if spec.multi_method else {}),
     }
-    reused = all(compiled.values())
-    # A lone method's package comes from the store whole, sealed; several
-    # methods' stored models are combined into a fresh one, sealed here.
-    seal_package(package_path, load_contract(sections), already=reused and not spec.multi_method)
-    sections["package"] = {"file": PACKAGE, **file_record(package_path), "reused": reused}
-    sections["files"] = copy_served_files(spec, staging)
-    note = f"{sections['package']['bytes'] / 1e6:.2f} MB, {len(tensors)} tensors bound"
-    if spec.weights is WeightsMode.external:
-        note += f", sidecar {weights['bytes'] / 1e6:.2f} MB"
-    if inlined:
-        note += f", {len(inlined)} code constants inlined"
-    if stateful:
-        note += f", state {'threaded' if threaded else 'in place'} ({sections['state']['bytes'] / 1e6:.2f} MB)"
-    return Stage(stateful, note, sections)
 
 
 def copy_served_files(spec: BuildSpec, staging: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ config's own checks (flashrt_build/config/) do; checks of the module itself
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,35 +18,26 @@ from hydra._internal.utils import _locate
 from ..config.schema import WeightsMode
 from ..config.spec import BuildSpec
 from ..config.targets import allowed_targets, find_targets, target_allowed
-from ..errors import ConfigError, ConfigErrors, first_lines, raise_all
+from ..errors import ConfigError, Problems, first_lines, raise_all
 from ..runtime.load import attribute_names
 from .compile import FORCED_OPTIONS, mode_options
 
 
 def preflight(spec: BuildSpec) -> dict[str, Any]:
     """Raise every problem found; return the Inductor options to compile with."""
-    problems: list[ConfigError] = []
-
-    def collect(check: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return check(*args)
-        except ConfigErrors as exc:
-            problems.extend(exc.problems)
-        except ConfigError as exc:
-            problems.append(exc)
-        return None
-
-    options = collect(validate_inductor_options, spec.inductor_options, spec.weights)
+    problems = Problems()
+    options = problems.check(validate_inductor_options, spec.inductor_options, spec.weights)
     for name, own in spec.method_inductor_options.items():
-        collect(validate_inductor_options, own, spec.weights, f"inductor.methods.{name}")
+        problems.check(validate_inductor_options, own, spec.weights, f"inductor.methods.{name}")
     if spec.quant is not None:  # the recipe's configs, arguments and GPU, before the module is built
         from .quantize import torchao_configs
 
-        collect(torchao_configs, spec.quant, spec.device)
-    collect(check_device, spec.device)
-    collect(check_method_names, spec)
-    collect(check_targets, spec)
-    raise_all(problems)
+        problems.check(torchao_configs, spec.quant, spec.device)
+    problems.check(check_device, spec.device)
+    problems.check(check_method_names, spec)
+    problems.check(check_targets, spec)
+    problems.raise_all()
+    assert options is not None
     return options
 
 

@@ -1,4 +1,4 @@
-"""Stage 7: move a verified build into place in one step.
+"""Publishing: a verified build moved into place in one step.
 
 A build is assembled in a staging directory beside its destination (same
 filesystem, so the final move is a rename) while holding a lock on the

@@ -1,4 +1,4 @@
-"""Stage 2b: quantize the module's weights by the config's recipe (`quant`),
+"""Quantize the module's weights by the config's recipe (`quant`),
 with torchao, after its checkpoint is loaded and before export.
 
 Each Linear module is decided by the first rule whose pattern matches its
@@ -21,7 +21,7 @@ import torch
 
 from ..config.quant import SKIP, QuantRecipe, QuantRule
 from ..config.spec import BuildSpec
-from ..errors import ConfigError, first_lines, raise_all
+from ..errors import ConfigError, Problems, first_lines, raise_all
 from ..runtime.dtypes import dtype_name
 from .progress import Stage
 
@@ -48,9 +48,7 @@ def torchao_configs(recipe: QuantRecipe, device: str) -> list[Any]:
             recipe.name,
             f"needs torchao, which does not import here ({first_lines(exc, 1)}): pip install torchao",
         ) from None
-    from torchao.core.config import AOBaseConfig
-
-    problems: list[ConfigError] = []
+    problems = Problems()
     if recipe.min_capability is not None and device.startswith("cuda"):
         have = torch.cuda.get_device_capability(torch.device(device))
         if have < recipe.min_capability:
@@ -63,45 +61,39 @@ def torchao_configs(recipe: QuantRecipe, device: str) -> list[Any]:
                     f"{'.'.join(map(str, have))}",
                 )
             )
-    configs = []
-    for rule in recipe.rules:
-        if rule.config == SKIP:
-            configs.append(None)
-            continue
-        cls = getattr(quantization, rule.config, None)
-        if not (isinstance(cls, type) and issubclass(cls, AOBaseConfig)):
-            known = sorted(n for n in dir(quantization) if n.endswith("Config") and not n.startswith("_"))
-            problems.append(
-                ConfigError(
-                    f"{rule.key}.config",
-                    rule.config,
-                    f"not a config of torchao.quantization {torchao_version()} (or '{SKIP}'); "
-                    f"it has {', '.join(known)}",
-                )
-            )
-            configs.append(None)
-            continue
-        if "set_inductor_config" in rule.args:
-            problems.append(
-                ConfigError(
-                    f"{rule.key}.args.set_inductor_config",
-                    rule.args["set_inductor_config"],
-                    "torchao would set Inductor options for the whole process, unrecorded; flashrt_build turns it off. "
-                    "Give the options in quant.inductor.options (or .methods.NAME): the manifest records them",
-                )
-            )
-            configs.append(None)
-            continue
-        arguments = _arguments(rule.args, quantization)
-        if dataclasses.is_dataclass(cls) and "set_inductor_config" in {f.name for f in dataclasses.fields(cls)}:
-            arguments["set_inductor_config"] = False  # its options are the recipe's, explicit and recorded
-        try:
-            configs.append(cls(**arguments))
-        except (TypeError, ValueError) as exc:
-            problems.append(ConfigError(f"{rule.key}.args", dict(rule.args), f"{rule.config}: {first_lines(exc, 1)}"))
-            configs.append(None)
-    raise_all(problems)
+    configs = [
+        None if rule.config == SKIP else problems.check(_rule_config, rule, quantization) for rule in recipe.rules
+    ]
+    problems.raise_all()
     return configs
+
+
+def _rule_config(rule: QuantRule, quantization: Any) -> Any:
+    """One rule's torchao config object, or the ConfigError naming its key."""
+    from torchao.core.config import AOBaseConfig
+
+    cls = getattr(quantization, rule.config, None)
+    if not (isinstance(cls, type) and issubclass(cls, AOBaseConfig)):
+        known = sorted(n for n in dir(quantization) if n.endswith("Config") and not n.startswith("_"))
+        raise ConfigError(
+            f"{rule.key}.config",
+            rule.config,
+            f"not a config of torchao.quantization {torchao_version()} (or '{SKIP}'); it has {', '.join(known)}",
+        )
+    if "set_inductor_config" in rule.args:
+        raise ConfigError(
+            f"{rule.key}.args.set_inductor_config",
+            rule.args["set_inductor_config"],
+            "torchao would set Inductor options for the whole process, unrecorded; flashrt_build turns it off. "
+            "Give the options in quant.inductor.options (or .methods.NAME): the manifest records them",
+        )
+    arguments = _arguments(rule.args, quantization)
+    if dataclasses.is_dataclass(cls) and "set_inductor_config" in {f.name for f in dataclasses.fields(cls)}:
+        arguments["set_inductor_config"] = False  # its options are the recipe's, explicit and recorded
+    try:
+        return cls(**arguments)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{rule.key}.args", dict(rule.args), f"{rule.config}: {first_lines(exc, 1)}") from None
 
 
 def _arguments(args: Mapping[str, Any], quantization: Any) -> dict[str, Any]:

@@ -181,11 +181,22 @@ def match_package_tensors(
     unknown = [fqn for fqn in package_fqns if fqn not in matched]
     if unknown:
         raise CompileError(f"the package of {target} binds tensors the exported program lacks: {unknown}")
+    inlined, dropped = _unbound(program, tensors, matched, target, prefix)
+    return [matched[fqn] for fqn in sorted(matched)], inlined, dropped
 
-    # Every other program tensor must share storage with a bound one (a tied
-    # weight) or be a constant of the forward's own code that Inductor folded
-    # into the kernels (a one-element literal); a parameter or buffer the
-    # package lost is an error.
+
+def _unbound(
+    program: torch.export.ExportedProgram,
+    tensors: list[ProgramTensor],
+    matched: dict[str, WeightTensor],
+    target: str,
+    prefix: str,
+) -> tuple[list[InlinedTensor], list[str]]:
+    """The program's tensors the package does not bind: each must share
+    storage with a bound one (a tied weight: recorded as its alias), be a
+    constant of the forward's own code Inductor folded into the kernels (a
+    one-element literal: inlined), or be read by nothing (dropped); a
+    parameter or buffer the package lost is an error."""
     sources = {prefix + w.source for w in matched.values()} | {w.source for w in matched.values()}
     inlined: list[InlinedTensor] = []
     unused = unused_inputs(program)
@@ -206,7 +217,7 @@ def match_package_tensors(
                 f"the package of {target} does not bind {kind} '{name}' {list(tensor.shape)}: Inductor "
                 "inlined or dropped it, so it could not be listed or replaced"
             )
-    return [matched[fqn] for fqn in sorted(matched)], inlined, sorted(dropped)
+    return inlined, sorted(dropped)
 
 
 def _quantized(tensor: ProgramTensor, prefix: str) -> dict[str, str]:

@@ -15,8 +15,8 @@ from flashrt_build.config.compose import CONF_DIR, compose
 from flashrt_build.config.inputs import MethodSpec
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, VerifyError
-from flashrt_build.runtime.checkpoint import read_checkpoint
 from flashrt_build.runtime.formats import resolve_checkpoint
+from flashrt_build.runtime.reader import read_checkpoint
 from flashrt_build.stages.checkpoint import load_checkpoint
 from flashrt_build.stages.compare import compare_outputs, raise_on_mismatch, tolerances
 from flashrt_build.stages.compile import FORCED_OPTIONS
@@ -25,7 +25,8 @@ from flashrt_build.stages.export import export_module
 from flashrt_build.stages.inputs import ExampleInputs, dynamic_shapes, make_inputs
 from flashrt_build.stages.module import instantiate_module
 from flashrt_build.stages.preflight import validate_inductor_options
-from flashrt_build.stages.verify import _what, _where, plan_calls, run_eager
+from flashrt_build.stages.verify import plan_calls, run_eager
+from flashrt_build.stages.verify_process import _what, _where
 from flashrt_build.stages.weights import tensor_sha256
 
 

@@ -1,0 +1,99 @@
+"""Keys the schema does not define, each named with the closest valid key:
+Hydra's structured config refuses an unknown key on the command line without
+`+` (compose.py words that refusal), but a key added with `+` (or given in a
+plain mapping to the API) would be carried along and ignored."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError
+from .schema import BuildConfig
+
+
+def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:
+    """Every key of `config` that the schema does not define, each naming its
+    full dotted key, its value and the closest valid key. Free-form places
+    (the module's constructor arguments, `module.kwargs`, Inductor's options)
+    take any key."""
+    problems: list[ConfigError] = []
+    _walk(config, BuildConfig, [], problems)
+    return problems
+
+
+def _walk(value: Any, node: Any, path: list[str], problems: list[ConfigError]) -> None:
+    node = _unwrap_optional(node)
+    if not isinstance(value, Mapping):
+        return
+    if dataclasses.is_dataclass(node):
+        fields = typing.get_type_hints(node)
+        for key, item in value.items():
+            if key in fields:
+                _walk(item, fields[key], [*path, str(key)], problems)
+            else:
+                problems.append(unknown_key(path, str(key), item))
+    elif typing.get_origin(node) is dict:
+        item_type = typing.get_args(node)[1]
+        for key, item in value.items():
+            _walk(item, item_type, [*path, str(key)], problems)
+
+
+def unknown_key(path: list[str], key: str, value: Any) -> ConfigError:
+    """`path.key` is not a config key: say so, with the closest key that is."""
+    # `+inductr.options.max_autotune=true` arrives as {inductr: {options: {max_autotune: true}}}:
+    # name the key as the user typed it.
+    typed = [key]
+    while isinstance(value, Mapping) and len(value) == 1:
+        ((child, value),) = value.items()
+        typed.append(str(child))
+    guess = _closest(path, typed)
+    if guess:
+        hint = f"did you mean {'.'.join(guess)}?"
+    else:
+        siblings = sorted(typing.get_type_hints(_node_at(path)))
+        hint = f"valid keys{' under ' + '.'.join(path) if path else ''}: {', '.join(siblings)}"
+    return ConfigError(".".join([*path, *typed]), value, f"not a config key; {hint}")
+
+
+def _closest(path: list[str], typed: list[str]) -> list[str] | None:
+    """The valid key nearest to `path + typed`: each unknown part replaced by
+    its closest sibling, free-form parts kept; None when the first unknown part
+    resembles nothing."""
+    node: Any = BuildConfig
+    guess: list[str] = []
+    for part in [*path, *typed]:
+        node = _unwrap_optional(node)
+        if dataclasses.is_dataclass(node):
+            fields = typing.get_type_hints(node)
+            match = part if part in fields else next(iter(difflib.get_close_matches(part, fields, n=1)), None)
+            if match is None:
+                return guess if len(guess) > len(path) else None
+            guess.append(match)
+            node = fields[match]
+        elif typing.get_origin(node) is dict:
+            guess.append(part)
+            node = typing.get_args(node)[1]
+        else:  # free-form from here on
+            guess.append(part)
+    return guess
+
+
+def _node_at(path: list[str]) -> Any:
+    node: Any = BuildConfig
+    for part in path:
+        node = _unwrap_optional(node)
+        node = typing.get_type_hints(node)[part] if dataclasses.is_dataclass(node) else typing.get_args(node)[1]
+    return _unwrap_optional(node)
+
+
+def _unwrap_optional(node: Any) -> Any:
+    """`X | None` is `X` here: a None value has no keys to check."""
+    if typing.get_origin(node) in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(node) if arg is not type(None)]
+        return options[0] if len(options) == 1 else Any
+    return node
