@@ -40,9 +40,12 @@ def compiler_path(cxx: str | None) -> str:
 def cpu_isa() -> str:
     """The vector ISA a CPU package is compiled for by default (-march=native)."""
     try:
-        flags = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
-    except (OSError, AttributeError):
+        found = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        found = None
+    if found is None:
         return platform.machine()
+    flags = set(found.group(1).split())
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         return "AVX512"
     return "AVX2" if "avx2" in flags else platform.machine()
@@ -99,8 +102,25 @@ def compile_rejected(cxx: str, march: str | None) -> str | None:
     return (lines or out.stderr.strip().splitlines() or [fallback])[0]
 
 
-# The toolchain fields an artifact's bytes depend on (the build key's);
-# the manifest records these and the rest of the description.
+# Every field of the manifest's `toolchain`, written once: describe_toolchain
+# records exactly these, and the manifest's schema and docs/building.md are
+# checked against them (tests/runtime/test_manifest_schema.py).
+TOOLCHAIN_FIELDS = {
+    "torch": "torch's version, its local part included (2.14.1+cu130)",
+    "python": "the interpreter's version",
+    "hydra_core": "hydra-core's version",
+    "omegaconf": "omegaconf's version",
+    "safetensors": "safetensors' version",
+    "torchao": "torchao's version (a quantized build's key includes it)",
+    "cxx": "the C++ compiler Inductor calls: its path and version",
+    "cuda": "the CUDA version torch was built with (null: a CPU build of torch)",
+    "gpu": "the target GPU: name, compute capability, index, uuid, memory_gb, visible_devices (null: a CPU target)",
+    "cpu_isa": "the vector ISA a CPU package is compiled for by default (-march=native)",
+    "platform": "the operating system and machine",
+    "executable": "the Python that ran the build",
+    "lock": "the requirements lock this checkout installs from: path and sha256 (null: an installed wheel)",
+}
+# The fields an artifact's bytes depend on (the build key's).
 KEY_FIELDS = ("torch", "python", "cxx", "cuda", "cpu_isa", "gpu")
 
 

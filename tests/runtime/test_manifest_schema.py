@@ -82,3 +82,16 @@ def test_the_loaders_validator_agrees_with_jsonschema(
             broken = copy.deepcopy(good)
             edit(broken)
             assert schema_problems(broken) and list(validator.iter_errors(broken))
+
+
+def test_the_toolchain_record_is_stated_once() -> None:
+    """One definition (config/toolchain.py) of what `toolchain` records: the
+    description, the schema and the docs' table agree with it."""
+    from flashrt_build.config.toolchain import KEY_FIELDS, TOOLCHAIN_FIELDS, describe_toolchain
+
+    assert list(describe_toolchain(None, None)) == list(TOOLCHAIN_FIELDS)
+    assert set(KEY_FIELDS) <= set(TOOLCHAIN_FIELDS)
+    assert set(manifest_schema()["properties"]["toolchain"]["properties"]) == set(TOOLCHAIN_FIELDS)
+    docs = (REPO / "docs" / "building.md").read_text()
+    for field, meaning in TOOLCHAIN_FIELDS.items():
+        assert f"| `{field}` | {meaning} |" in docs, field
