@@ -1,11 +1,13 @@
-# make run   build the default example (outputs/mlp/cpu-baked-default/)
-# make test  lint, then the whole test suite
-# make cpp   the C++ library and flashrt-run, built against the venv's torch (build/cpp/)
+# make help       this list
+# make run        build the default example (outputs/mlp/cpu-baked-default/)
+# make test       lint and type-check, then the whole test suite (about 20 minutes on 2 cores)
+# make test-fast  lint, type-check and the tests that compile nothing (under a minute)
+# make cpp        the C++ library and flashrt-run, built against the venv's torch (build/cpp/)
 VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint format clean cpp
+.PHONY: help run test test-fast lint format clean cpp
 
 # (Re)create the venv when it is absent or older than the lock or pyproject.
 $(STAMP): requirements.lock pyproject.toml
@@ -15,15 +17,22 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+help:
+	@sed -n 's/^# make /make /p' Makefile
+
 run: $(STAMP)
 	$(PYTHON) -m flashrt_build +module=mlp
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
 
 test: lint
 	$(PYTHON) -m pytest -q -n auto --dist loadfile
+
+test-fast: lint
+	$(PYTHON) -m pytest -q -n auto -m "not slow"
 
 cpp: $(STAMP)
 	cmake -S cpp -B build/cpp -DCMAKE_PREFIX_PATH="$$($(PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \

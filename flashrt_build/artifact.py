@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 SCHEMA = "flashrt_build.manifest/1"
 MANIFEST = "manifest.json"
@@ -42,11 +43,11 @@ def tf32_policy(device: str, dtype: str | None, tf32: bool | None) -> bool | Non
     return bool(tf32) if device.startswith("cuda") and dtype == "float32" else None
 
 
-def written_files(manifest: Mapping[str, object]) -> dict[str, Mapping[str, object] | None]:
+def written_files(manifest: Mapping[str, Any]) -> dict[str, Mapping[str, Any] | None]:
     """The files a build wrote into its output directory, by name, each with
     its manifest record (`sha256`, `bytes`; None for the manifest itself), as
     the manifest lists them: a baked build lists no sidecar."""
-    files: dict[str, Mapping[str, object] | None] = {MANIFEST: None}
+    files: dict[str, Mapping[str, Any] | None] = {MANIFEST: None}
     for section in (manifest.get("package"), manifest.get("weights"), manifest.get("state")):
         if isinstance(section, Mapping) and isinstance(section.get("file"), str):
             files[section["file"]] = section
@@ -57,7 +58,7 @@ def written_files(manifest: Mapping[str, object]) -> dict[str, Mapping[str, obje
 
 
 def foreign_entries(
-    directory: Path, altered: Callable[[Path, Mapping[str, object]], bool] | None = None
+    directory: Path, altered: Callable[[Path, Mapping[str, Any]], bool] | None = None
 ) -> list[str] | None:
     """None when `directory` may be replaced by a build: it is absent, empty,
     or holds a complete build of this tool (a manifest of this schema) and
@@ -78,13 +79,13 @@ def foreign_entries(
     for name in entries:
         if name not in written:
             foreign.append(name)
-        elif written[name] is not None and _not_as_written(directory / name, written[name], altered):
+        elif (record := written[name]) is not None and _not_as_written(directory / name, record, altered):
             foreign.append(f"{name} (not the file its build wrote)")
     return foreign or None
 
 
 def _not_as_written(
-    path: Path, record: Mapping[str, object], altered: Callable[[Path, Mapping[str, object]], bool] | None
+    path: Path, record: Mapping[str, Any], altered: Callable[[Path, Mapping[str, Any]], bool] | None
 ) -> bool:
     if path.is_symlink() or not path.is_file():
         return True
@@ -94,7 +95,7 @@ def _not_as_written(
     return altered is not None and isinstance(record.get("sha256"), str) and altered(path, record)
 
 
-def _read_manifest(path: Path) -> dict | None:
+def _read_manifest(path: Path) -> dict[str, Any] | None:
     if path.is_symlink() or not path.is_file():
         return None
     try:

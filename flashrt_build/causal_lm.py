@@ -29,6 +29,10 @@ class CausalLM(nn.Module):
     directory), with a static KV cache of `max_cache_len` positions for
     `batch` sequences."""
 
+    # Held outside the module tree (object.__setattr__): transformers objects.
+    _model: Any
+    _cache: Any
+
     def __init__(self, pretrained: str, max_cache_len: int, batch: int = 1) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
@@ -103,7 +107,7 @@ class CausalLM(nn.Module):
                     module.register_buffer(attribute, value, persistent=False)
 
 
-def _static_cache(model: nn.Module, batch: int, length: int) -> Any:
+def _static_cache(model: Any, batch: int, length: int) -> Any:
     """transformers' StaticCache for `model`, allocated; a sliding-window layer
     kept at full length (its window is the attention mask's), since its ring
     buffer branches on a Python int that export would fix at trace time."""

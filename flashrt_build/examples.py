@@ -9,6 +9,8 @@ lm_head left out), for `+module=pretrained_gpt2` and the README's examples.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
@@ -58,6 +60,8 @@ class TinyLM(nn.Module):
     cache from position 0) and `decode` one token at a position (writes that
     position of the cache and attends to everything up to it)."""
 
+    kv_cache: torch.Tensor
+
     def __init__(self, vocab: int = 256, dim: int = 64, heads: int = 4, layers: int = 2, max_len: int = 64) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
@@ -72,11 +76,14 @@ class TinyLM(nn.Module):
         length = input_ids.shape[1]
         x = self.embed(input_ids) + self.position(torch.arange(length, device=input_ids.device))
         positions = torch.arange(length, device=input_ids.device)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self._blocks()):
             q, k, v = block.qkv_heads(x)
             self._store(i, k, v, positions)
             x = block.finish(x, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
         return self.head(self.norm(x))
+
+    def _blocks(self) -> list[_Block]:
+        return [cast(_Block, block) for block in self.blocks]
 
     def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
         """Write k and v [batch, head, n, head_dim] of `layer` at `positions` [n].
@@ -94,7 +101,7 @@ class TinyLM(nn.Module):
         """One token (`input_ids` [1, 1]) at `position` ([1]): logits [1, 1, vocab]."""
         x = self.embed(input_ids) + self.position(position)[None]
         visible = (torch.arange(self.kv_cache.shape[4], device=position.device) <= position).view(1, 1, 1, -1)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self._blocks()):
             q, k, v = block.qkv_heads(x)
             self._store(i, k, v, position)
             keys, values = self.kv_cache[i, 0], self.kv_cache[i, 1]
@@ -108,7 +115,7 @@ class T5Seq2Seq(nn.Module):
     `decode` target tokens against its hidden states (what a translation or
     summarisation server calls, step after step)."""
 
-    def __init__(self, config: object) -> None:
+    def __init__(self, config: Any) -> None:
         super().__init__()
         from transformers import T5ForConditionalGeneration
 

@@ -42,7 +42,7 @@ class BuildResult:
     """What `build` produced: where, the manifest, and whether work was done."""
 
     output_dir: Path
-    manifest: dict[str, Any]
+    manifest: Mapping[str, Any]
     status: str  # "built", "up_to_date" or "from_store"
 
     @property

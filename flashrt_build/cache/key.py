@@ -183,5 +183,7 @@ def _changed_files(name: str, old: Any, new: Any) -> list[str]:
 def _weight_files(weights: Any) -> dict[str, str]:
     if not isinstance(weights, dict):
         return {}
-    checkpoint = weights.get("checkpoint") if isinstance(weights.get("checkpoint"), dict) else {}
+    checkpoint = weights.get("checkpoint")
+    if not isinstance(checkpoint, dict):
+        checkpoint = {}
     return {f"module.checkpoint/{k}": v for k, v in checkpoint.items()} | dict(weights.get("files") or {})

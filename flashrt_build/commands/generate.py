@@ -63,6 +63,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.prompt_ids is not None:
         ids = [int(i) for i in args.prompt_ids.split(",") if i.strip()]
     elif args.chat:
+        assert tokenizer is not None  # --chat needs --prompt, and a tokenizer (checked above)
         ids = list(
             tokenizer.apply_chat_template(
                 [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_dict=False
@@ -134,7 +135,8 @@ class _Stream:
     ids themselves without a tokenizer."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.ids, self.printed = tokenizer, [], ""
+        self.tokenizer, self.printed = tokenizer, ""
+        self.ids: list[int] = []
         self.started = time.perf_counter()
 
     def __call__(self, token: Any) -> None:

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from ..errors import ConfigError, raise_all
 from .compose import CONF_DIR, compose, composition_error, hydra_loader
 from .paths import check_config_dir
+from .schema import plain
 from .targets import allowed_targets, hydra_code_problems
 
 
@@ -33,7 +34,7 @@ def check_command_line(argv: Sequence[str]) -> None:
     for number, job in enumerate(jobs, 1):
         try:
             cfg = compose(job, config_dir=args.config_dir, with_hydra=True)
-            config = OmegaConf.to_container(cfg, resolve=False)
+            config = plain(cfg)
             patterns = allowed_targets(config)
             if patterns:
                 raise_all(hydra_code_problems(config["hydra"], patterns, job, shipped_setup_lines()))
@@ -63,5 +64,5 @@ def shipped_setup_lines() -> list[str]:
     """The shell lines the shipped launcher configs run before a build (SLURM's `setup`)."""
     lines: list[str] = []
     for path in sorted((Path(CONF_DIR) / "hydra" / "launcher").glob("*.yaml")):
-        lines += OmegaConf.to_container(OmegaConf.load(path)).get("setup") or []
+        lines += plain(OmegaConf.load(path)).get("setup") or []
     return lines

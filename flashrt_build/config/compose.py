@@ -19,7 +19,7 @@ from ..errors import ConfigError, first_lines, raise_all
 from .keys import unknown_key, unknown_keys
 from .naming import group_overrides, variant_of
 from .paths import check_config_dir
-from .schema import BuildConfig, register_schema
+from .schema import BuildConfig, plain, register_schema
 from .shipped import CONF_DIR
 from .targets import check_allow_list_source
 
@@ -85,7 +85,7 @@ def compose(
             baseline = hydra_compose(config_name="config", overrides=group_overrides(given, loader.get_group_options))
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         raise composition_error(exc, given) from None
-    check_allow_list_source(OmegaConf.to_container(cfg, resolve=False).get("allowed_targets"), given)
+    check_allow_list_source(plain(cfg).get("allowed_targets"), given)
     name_and_place(cfg, baseline, config_dir)
     return cfg
 
@@ -96,9 +96,7 @@ def name_and_place(cfg: DictConfig, baseline: DictConfig, config_dir: str | Path
     the config dir's parent on `python_path`."""
     with open_dict(cfg):
         if cfg.get("variant") is None:
-            cfg.variant = variant_of(
-                OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(baseline, resolve=False)
-            )
+            cfg.variant = variant_of(plain(cfg), plain(baseline))
         if config_dir is not None:
             parent = str(Path(config_dir).resolve().parent)
             if parent not in (cfg.get("python_path") or []):
@@ -139,7 +137,7 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
     if merging:  # the override's own key: a merge error's full_key may be relative to the node it hit
         full_key = merging.group(1).lstrip("+~")
     if full_key:
-        why = first_lines(cause, 1)
+        why = first_lines(cause, 1) if cause is not None else text
         return ConfigError(str(full_key), values.get(str(full_key), "?"), f"{why}{in_file}")
     if "An item is already at" in text:
         key = text.split("'")[1]

@@ -265,6 +265,15 @@ class BuildConfig:
 SCHEMA_NAME = "flashrt_build_schema"
 
 
+def plain(cfg: Any, resolve: bool = False, **options: Any) -> dict[str, Any]:
+    """A composed config (or one node of it) as plain values, a dict."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.to_container(cfg, resolve=resolve, **options)
+    assert isinstance(value, dict), type(value)
+    return value  # type: ignore[return-value]  # OmegaConf types a dict node's keys as any hashable
+
+
 def register_schema() -> None:
     """Store the schema so `conf/config.yaml` can name it in its defaults, and
     the resolvers the shipped configs use (`${flashrt_llm:...}`)."""

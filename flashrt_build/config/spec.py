@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ..artifact import SINGLE_MODEL, default_method, tf32_policy
 from ..errors import ConfigError, Problems, raise_all
@@ -28,7 +28,7 @@ from .llm import register_resolvers
 from .module import resolve_module
 from .paths import derive_output_dir, resolve_outputs
 from .quant import QuantRecipe
-from .schema import StateMode, WeightsMode
+from .schema import StateMode, WeightsMode, plain
 
 __all__ = ["TF32_TOLERANCES", "BuildSpec", "derive_output_dir", "flatten_options", "profile_options", "resolve_spec"]
 
@@ -149,12 +149,12 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     """The composed config as plain values, interpolations resolved (the
     manifest records it); a key the schema lacks (a typo added with `+`) or a
     missing mandatory value is a ConfigError first."""
-    raise_all(unknown_keys(OmegaConf.to_container(cfg, resolve=False)))  # they would be ignored
+    raise_all(unknown_keys(plain(cfg)))  # they would be ignored
     if cfg.get("module") is None:
         raise ConfigError("module", None, "no module given: add +module=NAME (see conf/module/)")
     register_resolvers()
     try:
-        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
+        config = plain(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
     except Exception as exc:  # an interpolation or a missing mandatory value
         cause: BaseException | None = exc
         while cause is not None and not isinstance(cause, ConfigError):
@@ -163,7 +163,6 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
             raise cause from None
         key = getattr(exc, "full_key", "?")
         raise ConfigError(key, "???", f"a value is required ({type(exc).__name__})") from None
-    assert isinstance(config, dict)
     return config
 
 

@@ -108,7 +108,7 @@ def module_source(target: str) -> dict[str, Any]:
     found = importlib.util.find_spec(top)
     if found is None or found.origin is None and not found.submodule_search_locations:
         return {"target": target, "unresolved": True}
-    root = found.submodule_search_locations[0] if found.submodule_search_locations else found.origin
+    root = str(found.submodule_search_locations[0] if found.submodule_search_locations else found.origin)
     dist = distribution_of(top) if _installed(root) else None
     if dist is not None:
         return {"target": target, "distribution": dist[0], "version": dist[1]}

@@ -157,7 +157,7 @@ def _weights_source(
     if isinstance(weights, Mapping):
         return "the given mapping", weights
     if host is not None:
-        named = dict(host.named_parameters(remove_duplicate=False))
+        named: dict[str, torch.Tensor] = dict(host.named_parameters(remove_duplicate=False))
         named.update(host.named_buffers(remove_duplicate=False))
         return f"host module {type(host).__name__}", {k: v.detach() for k, v in named.items()}
     if sidecar is not None:

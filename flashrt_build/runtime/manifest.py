@@ -17,7 +17,7 @@ from ..errors import ArtifactError
 from .schema import schema_problems
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
+def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
     """Write `manifest.json`, refusing one that breaks the schema: every
     manifest a build writes is checked against what loads will check."""
     check_manifest(manifest, directory / MANIFEST)
@@ -42,7 +42,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def check_manifest(manifest: dict[str, Any], path: Path | str = MANIFEST) -> None:
+def check_manifest(manifest: Mapping[str, Any], path: Path | str = MANIFEST) -> None:
     """Every field a load relies on is there with the type it relies on: a
     manifest that says otherwise cannot be trusted (a hand edit, a truncated
     copy) and is refused naming the field, instead of a package being bound
@@ -54,7 +54,7 @@ def check_manifest(manifest: dict[str, Any], path: Path | str = MANIFEST) -> Non
         raise ArtifactError(f"{path}: {problems[0]}{more}; the manifest cannot be trusted, refusing it")
 
 
-def _inconsistencies(manifest: dict[str, Any]) -> list[str]:
+def _inconsistencies(manifest: Mapping[str, Any]) -> list[str]:
     """What the schema cannot say: fields that must agree with each other."""
     found = []
     for i, entry in enumerate(manifest["weights"]["tensors"]):

@@ -149,7 +149,7 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
 
 def _read_exactly(f: Any, into: torch.Tensor, file: Path, name: str) -> None:
     """Fill `into` (contiguous, on the CPU) with the file's next bytes."""
-    view = memoryview(into.view(torch.uint8).numpy())
+    view = into.view(torch.uint8).numpy().data
     got = 0
     while got < len(view):
         n = f.readinto(view[got:])

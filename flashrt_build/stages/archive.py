@@ -69,7 +69,7 @@ def combine_packages(parts: Mapping[str, Path], package_path: Path) -> Path:
     from torch._inductor.package import package_aoti
 
     with tempfile.TemporaryDirectory(prefix="flashrt-combine-") as scratch:
-        files: dict[str, list[str]] = {}
+        files: dict[str, list[Any]] = {}  # file paths, as package_aoti takes them
         for name, part in parts.items():
             folder = Path(scratch) / name
             folder.mkdir()

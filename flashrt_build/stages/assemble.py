@@ -76,7 +76,7 @@ def finish_manifest(draft: Manifest, verification: Mapping[str, Any] | None, tim
     """The record of a build: its draft, with how verification went (none ran:
     unverified) and the stages' times (the timer's own dict: it still grows by
     the manifest stage, after the write)."""
-    record: Manifest = {**draft}  # type: ignore[typeddict-item]
+    record: Manifest = {**draft}
     record["verification"] = dict(verification) if verification is not None else UNVERIFIED
     record["timings"] = timings
     return record

@@ -132,7 +132,7 @@ def check_replayed(spec: BuildSpec, labels: list[str], references: list[Any], re
 
 
 def quantization_error(
-    labels: list[str], package_leaves: list[list[Any]], float_references: list[Any], bound: float | None
+    labels: list[str], package_leaves: list[Any], float_references: list[Any], bound: float | None
 ) -> dict[str, Any]:
     """The package's distance from the float (unquantized) module over the
     sequence: the worst norm-wise relative error of a float output,

@@ -147,7 +147,11 @@ def _compile(
 ) -> Path:
     package = _GuardedFile(package_path)
     try:
-        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=dict(options))
+        torch._inductor.aoti_compile_and_package(
+            program,
+            package_path=package,  # type: ignore[arg-type]  # a binary IO
+            inductor_configs=dict(options),
+        )
     except Exception as exc:
         if package.error is None:
             no_space = no_space_left(exc)

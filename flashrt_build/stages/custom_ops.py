@@ -116,9 +116,9 @@ def library_of(op: torch._ops.OpOverload) -> str | None:
     whose bytes name the namespace and the operator."""
     mapped = _mapped_libraries()
     candidates = [path for path in sorted(torch.ops.loaded_libraries) if path in mapped]
-    package = sys.modules.get(op.namespace)
-    if package is not None and getattr(package, "__file__", None):
-        folder = Path(package.__file__).parent
+    package_file = getattr(sys.modules.get(op.namespace), "__file__", None)
+    if package_file:
+        folder = Path(package_file).parent
         candidates += [path for path in sorted(mapped) if Path(path).parent == folder and ".so" in Path(path).name]
     # The library's bytes hold the namespace (its TORCH_LIBRARY) and the operator's schema.
     namespace, name = op.namespace.encode(), op.name().split("::")[1].split(".")[0].encode()

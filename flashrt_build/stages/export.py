@@ -262,7 +262,7 @@ def output_specs(exported: Exported) -> list[dict[str, Any]]:
                 names[size.node.expr] = dim.name
     output = next(n for n in program.graph.nodes if n.op == "output")
     user_outputs = output.args[0][: len(output.args[0]) - state]  # threaded state comes last
-    specs = []
+    specs: list[dict[str, Any]] = []
     for node in user_outputs:
         if not isinstance(node, torch.fx.Node):  # a constant the method returns (None, 3): the package gives it back
             value = node if isinstance(node, (bool, int, float, str, type(None))) else repr(node)

@@ -82,7 +82,7 @@ def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:
     distribution; the checkpoint it was loaded from, file by file."""
     obj = locate_target(spec.target)
     try:
-        source = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+        source = inspect.getsourcefile(obj)
     except TypeError:
         source = None
     found = distribution_of(spec.target.split(".")[0])

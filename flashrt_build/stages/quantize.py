@@ -15,7 +15,7 @@ import dataclasses
 import fnmatch
 import importlib.metadata
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -141,7 +141,7 @@ def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, 
     assert recipe is not None
     configs = torchao_configs(recipe, spec.device)
     decided = decide(module, recipe, spec.target)
-    originals = {name: module.get_submodule(name).weight for name, r in decided.items() if r.config != SKIP}
+    originals = {name: _weight(module, name) for name, r in decided.items() if r.config != SKIP}
     section = {
         **recipe.to_json(),
         "torchao": torchao_version(),
@@ -150,8 +150,8 @@ def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, 
             name: {
                 "rule": recipe.rules.index(r),
                 "config": r.config,
-                "shape": list(module.get_submodule(name).weight.shape),
-                "dtype": dtype_name(module.get_submodule(name).weight.dtype),
+                "shape": list(_weight(module, name).shape),
+                "dtype": dtype_name(_weight(module, name).dtype),
             }
             for name, r in decided.items()
         },
@@ -165,10 +165,14 @@ def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, 
     return Stage(originals, note, {"quant": section})
 
 
+def _weight(module: torch.nn.Module, name: str) -> torch.nn.Parameter:
+    return cast(torch.nn.Parameter, module.get_submodule(name).weight)
+
+
 @contextlib.contextmanager
 def float_weights(module: torch.nn.Module, originals: Mapping[str, torch.nn.Parameter]) -> Iterator[None]:
     """The module as it was before quantization, for the length of the block."""
-    quantized = {name: module.get_submodule(name).weight for name in originals}
+    quantized = {name: _weight(module, name) for name in originals}
     try:
         for name, weight in originals.items():
             module.get_submodule(name).weight = weight

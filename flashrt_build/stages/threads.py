@@ -42,7 +42,9 @@ def apply_threads(threads: int | None) -> None:
         return
     os.environ.update(threads_env(threads))
     if "torch._inductor.config" in sys.modules:  # already read the variable: tell it directly
-        sys.modules["torch._inductor.config"].compile_threads = threads
+        from torch._inductor import config
+
+        config.compile_threads = threads
 
 
 def limit_run_threads() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -41,7 +42,7 @@ def main(staging: Path, work: Path) -> None:
     outputs = run_calls(model, calls, work)
     if outputs is None:
         return
-    result = {
+    result: dict[str, Any] = {
         "fqns": {name: model.constant_fqns(name) for name in model.methods},
         "outputs": outputs,
         "state": {name: t.detach().cpu().clone() for name, t in model.state.items()},

@@ -34,7 +34,7 @@ class WeightTensor:
     quantized: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        entry = {
+        entry: dict[str, Any] = {
             "fqn": self.fqn,
             "shape": list(self.tensor.shape),
             "dtype": str(self.tensor.dtype).removeprefix("torch."),
@@ -78,7 +78,7 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     read in place (no copy of a contiguous CPU tensor: a 2 GB model's
     manifest costs no second 2 GB)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
+    return hashlib.sha256(flat.view(torch.uint8).numpy().data).hexdigest()
 
 
 class ProgramTensor(NamedTuple):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..errors import Interrupted, quiet_known_warnings, report_failure, stop_on_signals
 from .job import BUILD_CONFIG, BUILD_RESULT, failure
@@ -27,6 +27,7 @@ def main(job_dir: Path) -> int:
     quiet_known_warnings()
     stop_on_signals()  # a cancelled job cleans up its staging directory
     cfg = OmegaConf.load(job_dir / BUILD_CONFIG)
+    assert isinstance(cfg, DictConfig)  # the job's build config, as the launcher wrote it
     outcome: dict[str, Any]
     try:
         from ..pipeline import build

@@ -105,8 +105,9 @@ def _build_in_fresh_process(
     level = logging.INFO
     for line in process.stdout:
         name, sep, message = line.rstrip("\n").partition("|")
-        if sep and name in logging.getLevelNamesMapping():  # the build process's "LEVEL|message"
-            level = logging.getLevelNamesMapping()[name]
+        named = logging.getLevelName(name) if sep else None  # an int for a level's name (3.10 has no mapping)
+        if isinstance(named, int):  # the build process's "LEVEL|message"
+            level = named
         else:  # a continuation line (a traceback) or a library's own print
             message = line.rstrip("\n")
         log.log(level, "%s %s", tag, message)
