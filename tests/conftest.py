@@ -2,9 +2,14 @@
 runtime/, cache/, sweep/, commands/; test_layout.py checks its import rules).
 
     make test                      lint + everything, a worker per core, each file on one worker (CI runs this)
-    .venv/bin/pytest -m "not slow"  unit tests only: pure logic, no compiles (seconds)
+    make test-fast                 lint + the tests not marked slow (under a minute)
     .venv/bin/pytest -m slow        integration: real torch.export + AOTInductor builds
     .venv/bin/pytest tests/config   one folder
+
+`slow` marks a test that compiles a package (enforced: compile_guard.py makes
+AOTInductor raise in any other test and in the processes it starts) or that
+takes seconds for another reason: a build command in a fresh process that
+imports torch, exports a module.
 
 Each distinct package is compiled once per (worker) session by a session-scoped fixture
 below, and many tests assert on it. GPU tests are marked `gpu` and skip
@@ -19,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from compile_guard import FORBID_ENV, guard
 from safetensors.torch import save_file
 
 import flashrt_build
@@ -30,6 +36,24 @@ TESTS = Path(__file__).resolve().parent
 # Test-only modules (tests/modules.py) must import in CLI subprocesses too.
 sys.path.insert(0, str(TESTS))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):  # noqa: ANN201 - a hook wrapper
+    """A test not marked slow compiles nothing, its fixtures' setup and its
+    subprocesses included (compile_guard.py)."""
+    import torch._inductor
+
+    guard(torch._inductor)
+    if "slow" not in item.keywords:
+        os.environ[FORBID_ENV] = item.nodeid
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):  # noqa: ANN201 - a hook wrapper
+    yield
+    os.environ.pop(FORBID_ENV, None)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from ..errors import command_verdict
-from ..runtime.checkpoint import check_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("checkpoint", type=Path)
     args = parser.parse_args(argv)
+    from ..runtime.checkpoint import check_checkpoint  # torch: not for --help
+
     return command_verdict(
         lambda: check_checkpoint(args.output_dir, args.checkpoint),
         f"{args.checkpoint} fits {args.output_dir}",

@@ -82,7 +82,9 @@ def compose(
     try:
         with hydra_loader(config_dir) as loader:
             cfg = hydra_compose(config_name="config", overrides=given, return_hydra_config=with_hydra)
-            baseline = hydra_compose(config_name="config", overrides=group_overrides(given, loader.get_group_options))
+            chosen = group_overrides(given, loader.get_group_options)
+            # only config files chosen: the baseline is the config itself, no second compose
+            baseline = cfg if chosen == given else hydra_compose(config_name="config", overrides=chosen)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         raise composition_error(exc, given) from None
     check_allow_list_source(plain(cfg).get("allowed_targets"), given)

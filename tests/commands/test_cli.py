@@ -29,8 +29,17 @@ REPO = Path(__file__).resolve().parents[2]
         (["+module=mlp", "module.inputs.x.colour=red"], ["colour"]),
         (["+module=mlp", "seed=abc"], ["seed", "abc"]),
         (["+module=mlp", "module.inputs.x.dtype=float33"], ["module.inputs.x.dtype", "float33", "expected a dtype"]),
-        (["+module=mlp", "+inductor.options.max_autotun=true"], ["inductor.options.max_autotun", "max_autotune"]),
-        (["+module=mlp", "module.model._target_=nope.Missing"], ["module.model._target_", "nope.Missing", "imported"]),
+        # these two import torch (Inductor's options, the target's module): seconds each
+        pytest.param(
+            ["+module=mlp", "+inductor.options.max_autotun=true"],
+            ["inductor.options.max_autotun", "max_autotune"],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["+module=mlp", "module.model._target_=nope.Missing"],
+            ["module.model._target_", "nope.Missing", "imported"],
+            marks=pytest.mark.slow,
+        ),
         (["+module=mlp", "module.checkpoint=missing.safetensors"], ["module.checkpoint", "no such file"]),
         (["+module=mlp", "toolchain.cxx=no-such-g++"], ["toolchain.cxx", "no-such-g++", "no such compiler"]),
         (["+module=mlp", "+no_such_key=1"], ["config key 'no_such_key' = 1: not a config key; valid keys:"]),
@@ -77,6 +86,7 @@ def test_an_output_root_that_cannot_be_written_is_refused_by_name_creating_nothi
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]  # Hydra's logs went to the temp dir
 
 
+@pytest.mark.slow
 def test_export_failure_exits_1_naming_target_and_cause(tmp_path: Path) -> None:
     conf = module_conf(
         tmp_path,
@@ -91,6 +101,7 @@ def test_export_failure_exits_1_naming_target_and_cause(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "branchy").exists() or not any((tmp_path / "out" / "branchy").iterdir())
 
 
+@pytest.mark.slow
 def test_constructor_failure_exits_1(tmp_path: Path) -> None:
     conf = module_conf(
         tmp_path, "broken", "name: broken\nmodel: {_target_: modules.RaisesInInit}\ninputs: {x: {shape: [2]}}\n"
@@ -100,6 +111,7 @@ def test_constructor_failure_exits_1(tmp_path: Path) -> None:
     assert "constructing modules.RaisesInInit raised RuntimeError: this constructor always fails" in result.stderr
 
 
+@pytest.mark.slow
 def test_hydra_flags_work() -> None:
     job = cli("+module=mlp", "--cfg", "job")
     assert job.returncode == 0 and "_target_: flashrt_build.examples.MLP" in job.stdout

@@ -64,6 +64,7 @@ def test_the_public_api_survives_importing_every_module() -> None:
         assert getattr(flashrt_build, name) is not None
 
 
+@pytest.mark.slow
 def test_the_manifest_keeps_its_schema_and_fields(mlp_build: flashrt_build.BuildResult) -> None:
     manifest = mlp_build.manifest
     assert manifest["schema"] == "flashrt_build.manifest/1"

@@ -66,6 +66,7 @@ def test_a_checkpoint_that_is_not_one_is_refused_before_work(
     assert "instantiate" not in result.stderr and built_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_config_time_refusals_name_the_key_or_variable(tmp_path: Path) -> None:
     """A compiler that is not there ($CXX), a temp dir that is not there, a
     CPU level the compiler rejects (its own words, whole), a YAML syntax error
@@ -85,6 +86,7 @@ def test_config_time_refusals_name_the_key_or_variable(tmp_path: Path) -> None:
     assert "config key 'target.march' = 'banana'" in cli("+module=mlp", "target.march=banana").stderr
 
 
+@pytest.mark.slow
 def test_an_example_input_too_large_to_allocate_fails_naming_it(tmp_path: Path) -> None:
     result = cli("+module=mlp", "module.inputs.x.shape=[4,100000000000]", f"output_root={tmp_path}")
     assert result.returncode == 1
@@ -93,6 +95,7 @@ def test_an_example_input_too_large_to_allocate_fails_naming_it(tmp_path: Path) 
     assert built_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_an_unexpected_error_is_one_line_and_exit_1(tmp_path: Path) -> None:
     conf = module_conf(
         tmp_path, "odd", "name: odd\nmodel: {_target_: modules.RaisesInEval}\ninputs: {x: {shape: [2, 4]}}\n"
@@ -107,6 +110,7 @@ def test_an_unexpected_error_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert traced.returncode == 1 and "Traceback" in traced.stderr  # when asked for
 
 
+@pytest.mark.slow
 def test_input_ranges_the_model_cannot_take_are_config_errors_before_the_compile(tmp_path: Path) -> None:
     """Token ids above the vocabulary, a sequence beyond the model's positions:
     eager runs at the ends of the declared ranges first and names the key."""
@@ -139,6 +143,7 @@ def test_input_ranges_the_model_cannot_take_are_config_errors_before_the_compile
         assert "- export " not in result.stderr and "- compile " not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_the_build_with_exit_1_and_leaves_nothing(tmp_path: Path) -> None:
     """The package writer used to abort the process (exit 134) when its disk filled."""
     with mounted(tmp_path / "full", "size=1m") as mount:
@@ -166,6 +171,7 @@ def test_a_package_that_aborts_during_verification_says_where_and_why(tmp_path: 
     assert built_files(tmp_path / "out") == []
 
 
+@pytest.mark.slow
 def test_check_repro_and_store_say_when_they_cannot_check(tmp_path: Path) -> None:
     def tool(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300)
@@ -202,6 +208,7 @@ def test_check_names_its_argument_for_a_file_that_is_no_checkpoint(
         flashrt_build.load(mlp_external_build.output_dir, weights=tmp_path / "notes.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_build_says_so_in_one_line_and_removes_its_staging(tmp_path: Path, signum: int) -> None:
     """Ctrl-C (SIGINT to the process group) printed a 120-line traceback; SIGTERM left a staging directory."""
@@ -264,6 +271,7 @@ except OSError as exc:
     assert done.stdout.splitlines() == ["['cleaned up'] 130 RuntimeError", "130 OSError"]
 
 
+@pytest.mark.slow
 def test_a_manifest_that_cannot_be_trusted_is_refused(
     mlp_external_build: flashrt_build.BuildResult, tmp_path: Path
 ) -> None:

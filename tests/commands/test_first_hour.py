@@ -47,6 +47,7 @@ def test_a_typo_without_plus_gets_one_line_and_did_you_mean(
 RAISES = "name: mine\nmodel: {_target_: modules.RaisesInInit}\ninputs: {x: {shape: [2, 4]}}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -85,6 +86,7 @@ def test_output_folders_are_the_same_from_the_cli_and_the_api(tmp_path: Path, ov
     assert api_dir.name in expected.values()
 
 
+@pytest.mark.slow
 def test_build_reports_progress_through_logging_and_can_be_silenced(tmp_path: Path) -> None:
     conf = module_conf(tmp_path, "mine", RAISES)
     code = (
@@ -100,6 +102,7 @@ def test_build_reports_progress_through_logging_and_can_be_silenced(tmp_path: Pa
     assert quiet.returncode == 0 and "building mine" not in quiet.stderr
 
 
+@pytest.mark.slow
 def test_a_loaded_package_says_what_it_is(mlp_build: flashrt_build.BuildResult) -> None:
     model = flashrt_build.load(mlp_build.output_dir)
     assert repr(model) == (

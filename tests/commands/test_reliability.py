@@ -44,7 +44,7 @@ def assert_nothing_built(root: Path) -> None:
         (["module.inputs.x.dynamic={0: {min: 8, max: 2}}"], 2, ["module.inputs.x.dynamic.0", "min <= max"]),
         (["module.inputs.x.shape=[100,16]"], 2, ["module.inputs.x.shape", "outside its dynamic range [1, 64]"]),
         (["module.name=../../etc"], 2, ["module.name", "../../etc"]),
-        (["target=cuda"], 2, ["target.device", "no CUDA device"]),
+        pytest.param(["target=cuda"], 2, ["target.device", "no CUDA device"], marks=pytest.mark.slow),  # asks torch
         (["allowed_targets=[transformers.*]"], 2, ["module.model._target_", "allowed_targets"]),
     ],
     ids=["zero-dim", "negative-dim", "min-above-max", "outside-range", "escape", "no-cuda", "not-allowed"],
@@ -60,6 +60,7 @@ def test_bad_values_through_the_cli(tmp_path: Path, args: list[str], code: int, 
     assert_nothing_built(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_forward_that_raises_on_the_example_inputs(tmp_path: Path) -> None:
     conf = user_module(tmp_path, "modules.RaisesInForward")
     result = cli("--config-dir", str(conf), "+module=mine", f"output_root={tmp_path / 'out'}")
@@ -70,6 +71,7 @@ def test_a_forward_that_raises_on_the_example_inputs(tmp_path: Path) -> None:
     assert_nothing_built(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_forward_that_only_a_quantized_module_refuses_names_the_recipe(tmp_path: Path) -> None:
     conf = user_module(tmp_path, "modules.ReadsItsWeight")
     result = cli("--config-dir", str(conf), "+module=mine", "quant=int8_wo", f"output_root={tmp_path / 'out'}")
@@ -79,6 +81,7 @@ def test_a_forward_that_only_a_quantized_module_refuses_names_the_recipe(tmp_pat
     assert_nothing_built(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_quantized_layer_that_fails_is_named_with_the_rule_that_keeps_it(tmp_path: Path) -> None:
     conf = user_module(tmp_path, "modules.WeightNormedHead")
     result = cli("--config-dir", str(conf), "+module=mine", "quant=int8_wo", f"output_root={tmp_path / 'out'}")
@@ -93,6 +96,7 @@ def test_a_quantized_layer_that_fails_is_named_with_the_rule_that_keeps_it(tmp_p
     assert_nothing_built(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_keys_do_not_match(tmp_path: Path) -> None:
     save_file({"fc1.weight": torch.zeros(64, 16), "bogus": torch.zeros(1)}, str(tmp_path / "bad.safetensors"))
     result = cli("+module=mlp", f"module.checkpoint={tmp_path / 'bad.safetensors'}", f"output_root={tmp_path / 'o'}")

@@ -26,6 +26,7 @@ from flashrt_build.runtime.hashing import file_record
 # --- data lost ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_users_file_with_an_artifacts_name_survives_a_rebuild(
     mlp_build: flashrt_build.BuildResult, tmp_path: Path
 ) -> None:
@@ -40,6 +41,7 @@ def test_a_users_file_with_an_artifacts_name_survives_a_rebuild(
     assert mine.read_bytes() == b"my own weights, not the build's"
 
 
+@pytest.mark.slow
 def test_a_file_the_build_did_not_write_is_judged_by_its_record(
     mlp_build: flashrt_build.BuildResult, tmp_path: Path
 ) -> None:
@@ -229,6 +231,7 @@ def test_from_pretrained_weights_that_do_not_load_fail_the_build(tmp_path: Path)
     assert not (tmp_path / "out" / "pretrained_gpt2").exists()
 
 
+@pytest.mark.slow
 def test_a_shard_that_also_holds_another_shards_tensor_is_refused_at_load_and_check(
     mlp_external_build: flashrt_build.BuildResult, tmp_path: Path
 ) -> None:
@@ -262,6 +265,7 @@ def copy_with_manifest(source: Path, dest: Path, edit) -> Path:
     return dest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["absolute", "parent"])
 def test_a_manifest_cannot_point_its_weights_outside_the_output_dir(
     mlp_external_build: flashrt_build.BuildResult, tmp_path: Path, where: str
@@ -278,6 +282,7 @@ def test_a_manifest_cannot_point_its_weights_outside_the_output_dir(
         flashrt_build.load(out)
 
 
+@pytest.mark.slow
 def test_a_manifest_cannot_point_its_state_outside_the_output_dir(
     stateful_build: tuple[flashrt_build.BuildResult, Path], tmp_path: Path
 ) -> None:
@@ -289,6 +294,7 @@ def test_a_manifest_cannot_point_its_state_outside_the_output_dir(
         flashrt_build.load(out)
 
 
+@pytest.mark.slow
 def test_a_package_that_is_not_a_zip_is_named(mlp_build: flashrt_build.BuildResult, tmp_path: Path) -> None:
     def edit(manifest: dict, dest: Path) -> None:
         (dest / "model.pt2").write_bytes(b"not a zip archive at all")
@@ -321,6 +327,7 @@ BAD_HEADERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_HEADERS))
 def test_an_invalid_safetensors_header_is_one_line_everywhere(
     mlp_external_build: flashrt_build.BuildResult, tmp_path: Path, case: str

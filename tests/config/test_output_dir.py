@@ -128,6 +128,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_before_any_work_and_every_file_survives(tmp_path: Path) -> None:
     """output_dir=. from a checkout, a folder of files, output_dir=output_root
     holding builds and their store: exit 2, one line, nothing touched."""

@@ -108,6 +108,7 @@ def test_fp32_precision_is_safe_when_threads_call_at_once() -> None:
     assert flags() == before
 
 
+@pytest.mark.slow
 def test_only_float32_cuda_packages_touch_the_precision_flags(mlp_build: flashrt_build.BuildResult) -> None:
     manifest = json.loads((mlp_build.output_dir / "manifest.json").read_text())
     for dtype, tf32, policy in (("bfloat16", False, None), ("float16", False, None), ("float32", True, True)):
@@ -128,6 +129,7 @@ def test_only_float32_cuda_packages_touch_the_precision_flags(mlp_build: flashrt
     assert seen == [("tf32", "tf32"), ("ieee", "ieee")]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the verdict on a machine without a GPU")
 def test_doctor_names_a_missing_gpu_and_a_missing_compiler() -> None:
     result = doctor("target=cuda")

@@ -311,6 +311,7 @@ def test_tensor_sha256_covers_bytes_dtype_agnostic() -> None:
     assert tensor_sha256(torch.zeros(2, 2).t()) == tensor_sha256(torch.zeros(2, 2))
 
 
+@pytest.mark.slow
 def test_constant_keyword_arguments_are_bound_so_dynamic_dims_still_export() -> None:
     """`return_dict=False` or `output_hidden_states=True` on bert_tiny failed
     with torch's "Must provide a tree_name": the dynamic-shape spec did not

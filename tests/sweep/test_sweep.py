@@ -180,6 +180,7 @@ def test_glob_sweeps_every_matching_module_and_a_config_error_fails_only_its_job
     assert all(row["exit_code"] == 2 and "module.model._target_" in row["error"]["message"] for row in rows.values())
 
 
+@pytest.mark.slow
 def test_every_job_of_a_sweep_is_checked_before_it_builds(mlp_build: flashrt_build.BuildResult, tmp_path: Path) -> None:
     good = tmp_path / "good"
     shutil.copytree(mlp_build.output_dir, good)  # the same build key: up to date, nothing to compile
