@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from report import RESULTS, build_root, cli_build, publish, table  # noqa: E402
-from serve_llm import count_kernels, cpp_generate_tool, sync, timed  # noqa: E402
+from serve_llm import cpp_generate_tool, profile_step, sync, timed  # noqa: E402
 
 import flashrt_build  # noqa: E402
 from flashrt_build.causal_lm import CausalLM  # noqa: E402
@@ -127,7 +127,9 @@ def measure(args: argparse.Namespace, directory: Path, out: Path, device: torch.
         {"package": prefill(replayed.prefill), "transformers, reduce-overhead": prefill(compiled["prefill"])},
         args, device, steps=max(1, args.steps // 10),
     )  # fmt: skip
-    results["kernels_per_decode_step"] = count_kernels(step(plain.decode.run_trusted), device)
+    profile = profile_step(step(plain.decode.run_trusted), device)
+    results["kernels_per_decode_step"] = profile and profile["kernels"]
+    results["decode_profile"] = profile
     results["generation"] = generation(args, directory, out, replayed, compiled, prompt, device, dtype)
     return results
 
@@ -202,6 +204,11 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     header = ["", f"package{replayed}", "transformers + torch.compile reduce-overhead", "ratio"]
     text = f"{results['size']}, {results['dtype']} on {results['device']}\n\n" + table(header, rows, "lrrr")
     text += f"\n\nKernels per decode step (plain call): {results['kernels_per_decode_step']}\n\n"
+    if results.get("decode_profile"):
+        profile = results["decode_profile"]
+        text += f"GPU time of a plain decode step, by kernel (sum {profile['gpu_ms']:.3f} ms):\n\n"
+        text += table(["kernel", "launches", "ms"], [(f"`{n}`", str(c), f"{ms:.4f}") for n, c, ms in profile["top"]],
+                      "lrr") + "\n\n"  # fmt: skip
     text += table(
         ["generation", "tokens/s", "tokens equal to transformers eager"],
         [(name, f"{run['tokens_per_s']:.1f}", f"{run['same_tokens_as_transformers_eager']} of {args.new}")

@@ -232,6 +232,13 @@ def _replay(graph: torch.cuda.CUDAGraph, _alive: tuple[Any, ...]) -> None:
 def count_kernels(step: Callable[[], Any], device: torch.device) -> int | None:
     """CUDA kernels one plain decode step launches (a package loaded without
     graphs: with them, the profiled call would be a capture or a replay)."""
+    profile = profile_step(step, device)
+    return None if profile is None else profile["kernels"]
+
+
+def profile_step(step: Callable[[], Any], device: torch.device, top: int = 15) -> dict[str, Any] | None:
+    """One plain step under the profiler: its kernel count, their summed GPU
+    time and the `top` kernels by time (name, launches, ms): where a step goes."""
     if device.type != "cuda":
         return None
     step()
@@ -239,7 +246,16 @@ def count_kernels(step: Callable[[], Any], device: torch.device) -> int | None:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        by_name.setdefault(event.name, []).append(event.device_time_total / 1000)
+    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top]
+    return {
+        "kernels": len(kernels),
+        "gpu_ms": sum(e.device_time_total for e in kernels) / 1000,
+        "top": [(name[:90], len(times), round(sum(times), 4)) for name, times in ranked],
+    }
 
 
 def timed(
