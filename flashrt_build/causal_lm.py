@@ -92,9 +92,13 @@ class CausalLM(nn.Module):
 
     def _bind_cache(self) -> None:
         """Point the cache's layers at this module's buffers: the tensors
-        export traces (and the loaded package binds) are the buffers."""
+        export traces (and the loaded package binds) are the buffers, on the
+        device the module was moved to since."""
         for owner, attribute, name in self._bindings:
-            setattr(owner, attribute, getattr(self, name))
+            tensor = getattr(self, name)
+            setattr(owner, attribute, tensor)
+            if isinstance(getattr(owner, "device", None), torch.device):  # a layer makes positions on it
+                owner.device = tensor.device
 
     def _rehome_plain_tensors(self) -> None:
         """A tensor a submodule holds as a plain attribute is lifted by export

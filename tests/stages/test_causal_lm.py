@@ -162,3 +162,16 @@ def test_a_quantization_recipe_applies(llama_lm_build: tuple[flashrt_build.Build
     assert quantized.output_dir.name.startswith("cpu-external-default-int8_wo-pretrained_llama-")
     assert manifest["weights"]["bytes"] < 0.6 * result.manifest["weights"]["bytes"]
     assert flashrt_build.generate(flashrt_build.load(quantized.output_dir), PROMPT, 9).tokens.shape == (1, 9)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_the_cache_follows_the_module_to_another_device(family: str, tmp_path: Path) -> None:
+    """A build instantiates on the CPU and moves the module to the target: the
+    cache's layers make positions on their own `device`, which must follow
+    (on a GPU the prefill failed with "cuda:0 and cpu")."""
+    from flashrt_build.causal_lm import CausalLM
+
+    module = CausalLM(str(save_family(family, tmp_path / family)), 16).to("meta")
+    module._bind_cache()
+    layers = module._cache.layers
+    assert layers and all(layer.device == layer.keys.device == torch.device("meta") for layer in layers)
