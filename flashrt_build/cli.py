@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config.command_line import check_command_line
-from .config.compose import CONF_DIR, name_and_place
+from .config.compose import CONF_DIR, Naming
 from .config.inputs import NAME
 from .config.naming import group_overrides
 from .config.paths import check_writable
@@ -80,17 +80,16 @@ def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
     from .errors import report_failure
 
-    if HydraConfig.initialized():
-        name_and_place(cfg, _baseline(), _config_dir())
+    naming = Naming(_baseline(), _config_dir()) if HydraConfig.initialized() else None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         from .sweep.job import run_sweep_job  # a build per fresh process, a record for the summary
 
-        return run_sweep_job(cfg)
+        return run_sweep_job(cfg, naming)
     try:
         from .cache.plan import make_plan
         from .cache.reuse import decide
 
-        plan = make_plan(cfg)  # resolved once, here, without torch
+        plan = make_plan(cfg, naming=naming)  # resolved once, here, without torch
         decided = decide(plan)
         if decided.built:
             return 0

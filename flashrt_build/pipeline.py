@@ -13,16 +13,15 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .artifact import PACKAGE, written_files
+from .artifact import PACKAGE
 from .cache.plan import Plan, make_plan
-from .cache.reuse import Reuse, check_up_to_date, decide
-from .cache.store import Store
-from .config.schema import BuildConfig, WeightsMode
+from .cache.reuse import Reuse, check_up_to_date, decide_for_gpu, keep_built, kept_models
+from .config.schema import BuildConfig
 from .errors import quiet_known_warnings
-from .runtime.gpu import fp32_precision, gpu_of
+from .runtime.gpu import fp32_precision
 from .runtime.manifest import read_manifest, write_manifest
 from .stages.assemble import assemble_manifest, finish_manifest
-from .stages.compile import KeptModels, compile_stage
+from .stages.compile import compile_stage
 from .stages.domain import inputs_stage
 from .stages.export import export_stage
 from .stages.module import instantiate_stage
@@ -35,6 +34,11 @@ from .stages.threads import apply_threads
 from .stages.verify import verify_stage
 
 log = logging.getLogger("flashrt_build")
+
+# The stages a build times, in the order it runs them (the manifest's
+# `timings`, the log's lines); `quantize` only with a recipe, `verify` unless
+# it is off; a compile of several methods is timed per method ("compile NAME").
+STAGES = ("instantiate", "quantize", "inputs", "export", "compile", "package", "verify", "manifest")
 
 
 @dataclass
@@ -75,23 +79,20 @@ def report_progress() -> None:
 def build_plan(plan: Plan, decided: Reuse | None = None) -> BuildResult:
     """Build a resolved plan, unless the artifact in place (or in the store) is
     its build; `decided`: what the caller's `cache.reuse.decide` answered."""
-    spec = plan.spec
-    apply_threads(spec.threads)
-    options = preflight(spec)  # the checks that need torch, every problem at once
-    plan = plan.for_gpu(gpu_of(spec.device))  # a CUDA build's key names the GPU's architecture
-    if decided is None or not decided.built and plan.gpu_keyed:
-        decided = decide(plan)
+    plan, decided = decide_for_gpu(plan, decided)  # a CUDA build's key names the GPU's architecture
     if decided.built:
         assert decided.manifest is not None
-        return BuildResult(spec.output_dir, decided.manifest, decided.status)
-    with fp32_precision(spec.tf32):  # export, compile and verify under the target's TF32 policy
-        result = _run_stages(plan, options)
+        return BuildResult(plan.spec.output_dir, decided.manifest, decided.status)
+    with fp32_precision(plan.spec.tf32):  # export, compile and verify under the target's TF32 policy
+        result = _run_stages(plan)
     plan.remembered.save(create=True)
     return result
 
 
-def _run_stages(plan: Plan, options: dict[str, Any]) -> BuildResult:
+def _run_stages(plan: Plan) -> BuildResult:
     spec, timer = plan.spec, StageTimer(plan.spec.name)
+    apply_threads(spec.threads)
+    options = preflight(spec)  # the checks that need torch, every problem at once
     log.info("building %s <%s> for %s/%s, weights %s -> %s", spec.name, spec.target, spec.device, spec.dtype,
              spec.weights.value, spec.output_dir)  # fmt: skip
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
@@ -104,7 +105,7 @@ def _run_stages(plan: Plan, options: dict[str, Any]) -> BuildResult:
         if not spec.force and check_up_to_date(plan)[0]:
             log.info("%s: built meanwhile by another process: %s", spec.name, spec.output_dir)
             return BuildResult(spec.output_dir, read_manifest(spec.output_dir), "up_to_date")
-        kept = _kept_models(plan)
+        kept = kept_models(plan)
         compiled = compile_stage(spec, exported, options, staging / PACKAGE, kept, plan.compile_cache(), timer)
         state = timer.run("package", package_stage, spec, module, exported, compiled, plan.method_keys,
                           plan.toolchain, staging)  # fmt: skip
@@ -118,29 +119,9 @@ def _run_stages(plan: Plan, options: dict[str, Any]) -> BuildResult:
         with timer.stage("manifest"):
             write_manifest(staging, record)
         publish(staging, spec.output_dir)
-    _keep_in_store(plan)
+    keep_built(plan)
     log.info("artifact: %s", spec.output_dir)
     return BuildResult(spec.output_dir, record, "built")
 
 
-def _kept_models(plan: Plan) -> KeptModels:
-    """The store's compiled models, as the compile stage asks for them."""
-    store = Store(plan.spec.output_root)
-    return KeptModels(
-        plan.kept_model_keys(),
-        lambda key, kind: store.package(key, kind),
-        lambda key, part: store.put("methods", key, [part]),
-    )
-
-
-def _keep_in_store(plan: Plan) -> None:
-    """The published artifact in the store by build key, and an external
-    package by graph key: the next checkpoint of this graph links it."""
-    spec, store = plan.spec, Store(plan.spec.output_root)
-    if spec.weights is WeightsMode.external and not spec.multi_method:
-        store.put("packages", plan.keys["graph_key"], [spec.output_dir / PACKAGE])
-    written = written_files(read_manifest(spec.output_dir))
-    store.put("artifacts", plan.keys["build_key"], [spec.output_dir / name for name in written])
-
-
-__all__ = ["BuildResult", "build", "build_plan"]
+__all__ = ["STAGES", "BuildResult", "build", "build_plan"]

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config.spec import BuildSpec
-from ..config.targets import module_source, source_tree_sha256
-from ..config.toolchain import key_fields
+from ..config.targets import source_tree_sha256
+from ..config.toolchain import KEY_FIELDS
 from ..runtime.hashing import canonical_sha256
 from .digests import DigestCache
 from .store import Store
@@ -52,10 +52,13 @@ def input_digests(spec: BuildSpec, digests: DigestCache | None = None) -> dict[s
     return found
 
 
-def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapping[str, str]) -> dict[str, Any]:
+def key_ingredients(
+    spec: BuildSpec, source: Mapping[str, Any], toolchain: Mapping[str, Any], digests: Mapping[str, str]
+) -> dict[str, Any]:
     """Everything the artifact's bytes depend on: the config without cosmetic
-    keys, the module's code, every file the build reads (`digests`, by label),
-    the toolchain's key fields (of its one description) and this tool's source."""
+    keys, the module's code (`source`), every file the build reads (`digests`,
+    by label), the toolchain's key fields (of its one description) and this
+    tool's source."""
     config = {k: v for k, v in spec.config.items() if k not in COSMETIC_KEYS and k not in ("seed", "serve")}
     # Of the serving keys only the state's mode shapes the graph; the loader's
     # defaults are the manifest's alone (toggling them never recompiles).
@@ -72,7 +75,7 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
     kinds = {f.label: f.kind for f in spec.input_files}
     ingredients = {
         "config": config,
-        "module": module_source(spec.target),
+        "module": dict(source),
         # files the module's config names that shape the graph (a from_pretrained directory's config.json)
         "model_files": {label: sha for label, sha in digests.items() if kinds[label] == "model"},
         "toolchain": {
@@ -93,6 +96,15 @@ def key_ingredients(spec: BuildSpec, toolchain: Mapping[str, Any], digests: Mapp
     # As the manifest will hold them: JSON types (axis keys as strings), so a
     # stored key compares equal to a recomputed one.
     return json.loads(json.dumps(ingredients, default=str))
+
+
+def key_fields(toolchain: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a toolchain description the build key hashes: the GPU's
+    architecture, not which card (a build on cuda:1 is the build on cuda:0)."""
+    key = {field: toolchain[field] for field in KEY_FIELDS}
+    gpu = toolchain["gpu"]
+    key["gpu"] = {k: gpu[k] for k in ("name", "capability")} if gpu else None
+    return key
 
 
 def _at(config: Mapping[str, Any], key: str) -> Any:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config.compose import as_build_config
+from ..config.compose import Naming, as_build_config, name_and_place
 from ..config.schema import WeightsMode
 from ..config.spec import BuildSpec, resolve_spec
-from ..config.targets import use_import_paths
+from ..config.targets import module_source, use_import_paths
 from ..config.toolchain import describe_toolchain
 from ..runtime.hashing import canonical_sha256
 from .digests import DigestCache
@@ -33,6 +33,8 @@ class Plan:
     method_keys: dict[str, str] = field(default_factory=dict)
     gpu_keyed: bool = False  # a CUDA target's key names its GPU once the build has asked torch
 
+    source: dict[str, Any] = field(default_factory=dict)  # what the module's code is, as the key hashes it
+
     @property
     def keyed(self) -> bool:
         """Is the key final? A CUDA target's names its GPU's architecture, which only torch can see."""
@@ -40,10 +42,11 @@ class Plan:
 
     def for_gpu(self, gpu: dict[str, Any] | None) -> Plan:
         """The plan of a CUDA target, its key naming the GPU's architecture
-        (known once torch can ask the device)."""
-        if gpu is None:
-            return self
-        return _keyed(self.spec, self.digests, self.remembered, gpu)
+        (`runtime.gpu.gpu_of`, known once torch can ask the device)."""
+        cxx = self.spec.inductor_options.get("cpp.cxx")
+        return self if gpu is None else _keyed(
+            self.spec, self.source, describe_toolchain(cxx, gpu), self.digests, self.remembered, True
+        )  # fmt: skip
 
     def kept_model_keys(self) -> dict[str, tuple[str, str]]:
         """Per method, (key, store kind) its compiled model is kept by: each of
@@ -66,19 +69,27 @@ class Plan:
         return Path(tempfile.gettempdir()) / "flashrt_build-release" / digest
 
 
-def make_plan(cfg: Any, cwd: Path | None = None) -> Plan:
-    """Resolve a config (composed, a BuildConfig or a mapping) into a plan, without torch."""
+def make_plan(cfg: Any, cwd: Path | None = None, naming: Naming | None = None) -> Plan:
+    """Resolve a config (composed, a BuildConfig or a mapping) into a plan,
+    without torch; `naming`: the command line's, which names its output folder."""
+    if naming is not None:
+        name_and_place(cfg, naming.baseline, naming.config_dir)
     spec = resolve_spec(as_build_config(cfg), cwd)
     use_import_paths(spec.import_paths)  # before anything looks the module's code up
+    source = module_source(spec.target)
+    toolchain = describe_toolchain(spec.inductor_options.get("cpp.cxx"), None)
     remembered = DigestCache(Store(spec.output_root).root)
-    return _keyed(spec, input_digests(spec, remembered), remembered, None)
+    return _keyed(spec, source, toolchain, input_digests(spec, remembered), remembered, gpu_keyed=False)
 
 
-def _keyed(spec: BuildSpec, digests: dict[str, str], remembered: DigestCache, gpu: dict[str, Any] | None) -> Plan:
-    toolchain = describe_toolchain(spec.inductor_options.get("cpp.cxx"), gpu)
-    ingredients = key_ingredients(spec, toolchain, digests)
+def _keyed(
+    spec: BuildSpec, source: dict[str, Any], toolchain: dict[str, Any], digests: dict[str, str],
+    remembered: DigestCache, gpu_keyed: bool,
+) -> Plan:  # fmt: skip
+    ingredients = key_ingredients(spec, source, toolchain, digests)
     methods = method_keys(ingredients) if spec.multi_method else {}
-    return Plan(spec, digests, toolchain, ingredients, build_keys(ingredients), remembered, methods, gpu is not None)
+    return Plan(spec, digests, toolchain, ingredients, build_keys(ingredients), remembered, methods, gpu_keyed,
+                source)  # fmt: skip
 
 
 __all__ = ["Plan", "make_plan"]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..artifact import MANIFEST
+from ..artifact import MANIFEST, PACKAGE, written_files
+from ..config.schema import WeightsMode
 from ..errors import ArtifactError
 from ..runtime.hashing import altered_digest, config_sha256
 from ..runtime.manifest import read_manifest, write_manifest
@@ -16,6 +17,9 @@ from ..stages.publish import build_lock, publish, staging_dir
 from .key import changed_ingredients
 from .plan import Plan
 from .store import Store, link_or_copy
+
+if TYPE_CHECKING:
+    from ..stages.compile import KeptModels
 
 log = logging.getLogger("flashrt_build")
 
@@ -112,3 +116,36 @@ def decide(plan: Plan, say_why: bool = True) -> Reuse:
     if say_why:
         log.info("%s: %s", spec.name, why)
     return Reuse("build")
+
+
+def decide_for_gpu(plan: Plan, decided: Reuse | None) -> tuple[Plan, Reuse]:
+    """The plan keyed for the GPU the build sees (a CUDA target's key names
+    its architecture), and the decision again where that key is new."""
+    from ..runtime.gpu import gpu_of  # imports torch, as the build has already
+
+    keyed = plan.for_gpu(gpu_of(plan.spec.device))
+    if decided is None or not decided.built and keyed.gpu_keyed:
+        decided = decide(keyed)
+    return keyed, decided
+
+
+def kept_models(plan: Plan) -> KeptModels:
+    """The store's compiled models, as the compile stage asks for them."""
+    from ..stages.compile import KeptModels  # imports torch, as the build has already
+
+    store = Store(plan.spec.output_root)
+    return KeptModels(
+        plan.kept_model_keys(),
+        lambda key, kind: store.package(key, kind),
+        lambda key, part: store.put("methods", key, [part]),
+    )
+
+
+def keep_built(plan: Plan) -> None:
+    """The published artifact in the store by build key, and an external
+    package by graph key: the next checkpoint of this graph links it."""
+    spec, store = plan.spec, Store(plan.spec.output_root)
+    if spec.weights is WeightsMode.external and not spec.multi_method:
+        store.put("packages", plan.keys["graph_key"], [spec.output_dir / PACKAGE])
+    written = written_files(read_manifest(spec.output_dir))
+    store.put("artifacts", plan.keys["build_key"], [spec.output_dir / name for name in written])

@@ -6,6 +6,7 @@
     naming.py        the output folder's name, the same from the CLI and compose()
     shipped.py       where the shipped configs and the C++ sources are, installed or not
     keys.py          keys the schema lacks, each with the closest valid key
+    problems.py      the one collector of a config's problems, raised together
     spec.py          a composed config resolved into a typed `BuildSpec`, a resolver per group
     module.py        the `module` group: name, targets, methods, checkpoint, served files, imports
     compiler.py      the compile: compiler, temp dir, quant recipe, each method's Inductor options

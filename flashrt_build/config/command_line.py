@@ -13,9 +13,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, raise_all
+from ..errors import ConfigError
 from .compose import CONF_DIR, compose, composition_error, hydra_loader
 from .paths import check_config_dir
+from .problems import raise_all
 from .schema import plain
 from .targets import allowed_targets, hydra_code_problems
 

@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, Problems
+from ..errors import ConfigError
 from .inputs import MethodSpec
 from .paths import check_temp_dir
+from .problems import Problems
 from .quant import QuantRecipe, resolve_quant
 from .toolchain import check_compiler, compiler_path, march_rejected
 

@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,11 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ..errors import ConfigError, first_lines, raise_all
+from ..errors import ConfigError, first_lines
 from .keys import unknown_key, unknown_keys
 from .naming import group_overrides, variant_of
 from .paths import check_config_dir
+from .problems import raise_all
 from .schema import BuildConfig, plain, register_schema
 from .shipped import CONF_DIR
 from .targets import check_allow_list_source
@@ -90,6 +92,16 @@ def compose(
     check_allow_list_source(plain(cfg).get("allowed_targets"), given)
     name_and_place(cfg, baseline, config_dir)
     return cfg
+
+
+@dataclass(frozen=True)
+class Naming:
+    """What names a command line's output folder beyond its config: the same
+    config from its config-file choices alone (the variant is where the two
+    differ) and the `--config-dir` it was given."""
+
+    baseline: DictConfig
+    config_dir: str | Path | None = None
 
 
 def name_and_place(cfg: DictConfig, baseline: DictConfig, config_dir: str | Path | None) -> None:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, Problems
+from ..errors import ConfigError
 from ..runtime.formats import Checkpoint, resolve_checkpoint
 from .files import InputFile, checkpoint_files, served_files
 from .inputs import NAME, MethodSpec, resolve_methods
+from .problems import Problems
 from .targets import allow_list_refusal, allowed_targets, find_targets, remote_code_problems, target_allowed
 
 

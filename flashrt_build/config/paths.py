@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import foreign_entries
-from ..errors import ConfigError, Problems
+from ..errors import ConfigError
 from .inputs import NAME
+from .problems import Problems
 
 
 def check_writable(path: Path, key: str = "output_dir", beside: bool = True) -> None:

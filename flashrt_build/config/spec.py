@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from ..artifact import SINGLE_MODEL, default_method, tf32_policy
-from ..errors import ConfigError, Problems, raise_all
+from ..errors import ConfigError
 from ..runtime.dtypes import DEFAULT_TOLERANCES, FLOATING
 from ..runtime.formats import Checkpoint
 from .compiler import flatten_options, profile_options, resolve_compiler
@@ -27,6 +27,7 @@ from .keys import unknown_keys
 from .llm import register_resolvers
 from .module import resolve_module
 from .paths import derive_output_dir, resolve_outputs
+from .problems import Problems, raise_all
 from .quant import QuantRecipe
 from .schema import StateMode, WeightsMode, plain
 
@@ -50,7 +51,7 @@ class BuildSpec:
     input_files: tuple[InputFile, ...]  # every file the build reads: inputs of its key
     device: str
     dtype: str
-    tf32: bool | None  # None: not a float32 CUDA target, torch's settings are left alone
+    tf32_asked: bool  # target.tf32; `tf32` is the policy the calls run under
     inductor_options: Mapping[str, Any]
     weights: WeightsMode
     output_root: Path
@@ -80,6 +81,11 @@ class BuildSpec:
         """What `m(...)` calls: the method that runs the module's forward, else the first."""
         chosen = default_method({m.name: m.attr for m in self.methods})
         return next(m for m in self.methods if m.name == chosen)
+
+    @property
+    def tf32(self) -> bool | None:
+        """TF32 on or off for a float32 CUDA target; None: torch's settings are left alone."""
+        return tf32_policy(self.device, self.dtype, self.tf32_asked)
 
     @property
     def inputs(self) -> tuple[InputSpec, ...]:
@@ -129,7 +135,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         input_files=tuple(files),
         device=device,
         dtype=dtype,
-        tf32=tf32,
+        tf32_asked=tf32,
         inductor_options=compiler.inductor_options,
         weights=WeightsMode(config["weights"]),
         output_root=output_root,
@@ -166,8 +172,8 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return config
 
 
-def resolve_target(target: Mapping[str, Any], problems: Problems) -> tuple[str, str | None, bool | None]:
-    """The `target` group: (device, dtype, the TF32 policy of its calls)."""
+def resolve_target(target: Mapping[str, Any], problems: Problems) -> tuple[str, str | None, bool]:
+    """The `target` group: (device, dtype, whether TF32 is asked for)."""
     device = target["device"]
     if not _DEVICE.match(device):
         problems.append(ConfigError("target.device", device, "expected cpu, cuda or cuda:INDEX"))
@@ -180,11 +186,11 @@ def resolve_target(target: Mapping[str, Any], problems: Problems) -> tuple[str, 
         problems.append(
             ConfigError("target.tf32", True, f"TF32 applies to float32 targets; target.dtype is {dtype}, drop it")
         )
-    return device, dtype, tf32_policy(device, dtype, target.get("tf32"))
+    return device, dtype, bool(target.get("tf32"))
 
 
 def resolve_checks(
-    config: Mapping[str, Any], device: str, dtype: str | None, tf32: bool | None, problems: Problems
+    config: Mapping[str, Any], device: str, dtype: str | None, tf32: bool, problems: Problems
 ) -> dict[str, Any]:
     """The `verify` and `serve` groups and `threads`, as BuildSpec's fields."""
     verify, serve, threads = config["verify"], config["serve"], config.get("threads")

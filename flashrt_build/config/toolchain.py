@@ -146,15 +146,6 @@ def describe_toolchain(cxx: str | None, gpu: dict[str, Any] | None) -> dict[str,
     }
 
 
-def key_fields(toolchain: dict[str, Any]) -> dict[str, Any]:
-    """What of a toolchain description the build key hashes: the GPU's
-    architecture, not which card (a build on cuda:1 is the build on cuda:0)."""
-    key = {field: toolchain[field] for field in KEY_FIELDS}
-    gpu = toolchain["gpu"]
-    key["gpu"] = {k: gpu[k] for k in ("name", "capability")} if gpu else None
-    return key
-
-
 def torch_cuda_version() -> str | None:
     """torch.version.cuda, without importing torch."""
     return torch_version_file("cuda")

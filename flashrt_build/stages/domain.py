@@ -22,8 +22,9 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..config.inputs import MethodSpec
+from ..config.problems import raise_all
 from ..config.spec import BuildSpec
-from ..errors import ConfigError, ExportError, first_lines, raise_all
+from ..errors import ConfigError, ExportError, first_lines
 from ..runtime.dtypes import INTEGER
 from .inputs import ExampleInputs, make_inputs
 from .progress import Stage

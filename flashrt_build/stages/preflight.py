@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from hydra._internal.utils import _locate
 
+from ..config.problems import Problems, raise_all
 from ..config.schema import WeightsMode
 from ..config.spec import BuildSpec
 from ..config.targets import allowed_targets, find_targets, target_allowed
-from ..errors import ConfigError, Problems, first_lines, raise_all
+from ..errors import ConfigError, first_lines
 from ..runtime.load import attribute_names
 from .compile import FORCED_OPTIONS, mode_options
 

@@ -19,9 +19,10 @@ from typing import Any, cast
 
 import torch
 
+from ..config.problems import Problems, raise_all
 from ..config.quant import SKIP, QuantRecipe, QuantRule
 from ..config.spec import BuildSpec
-from ..errors import ConfigError, Problems, first_lines, raise_all
+from ..errors import ConfigError, first_lines
 from ..runtime.dtypes import dtype_name
 from .progress import Stage
 
@@ -106,7 +107,7 @@ def _arguments(args: Mapping[str, Any], quantization: Any) -> dict[str, Any]:
     }
 
 
-def decide(module: torch.nn.Module, recipe: QuantRecipe, target: str) -> dict[str, QuantRule]:
+def rules_for(module: torch.nn.Module, recipe: QuantRecipe, target: str) -> dict[str, QuantRule]:
     """Each Linear module's FQN and the rule that decides it (the first that
     matches). A rule that decides nothing is an error unless optional: a
     mistyped pattern would quietly quantize what it meant to keep."""
@@ -140,7 +141,7 @@ def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, 
     recipe = spec.quant
     assert recipe is not None
     configs = torchao_configs(recipe, spec.device)
-    decided = decide(module, recipe, spec.target)
+    decided = rules_for(module, recipe, spec.target)
     originals = {name: _weight(module, name) for name, r in decided.items() if r.config != SKIP}
     section = {
         **recipe.to_json(),

@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ..artifact import MANIFEST
+from ..config.compose import Naming
 from ..errors import FlashrtError, report_failure
 from ..runtime.manifest import read_manifest
 from ..stages.threads import available_cpus, job_threads, threads_env
@@ -36,8 +37,9 @@ BUILD_CONFIG = "build_config.yaml"  # the job's resolved config, for its build p
 BUILD_RESULT = "build_result.json"  # what the build process reports back
 
 
-def run_sweep_job(cfg: DictConfig) -> int:
-    """Build one job of a multirun and record the outcome; returns its exit code."""
+def run_sweep_job(cfg: DictConfig, naming: Naming | None = None) -> int:
+    """Build one job of a multirun and record the outcome; returns its exit code.
+    `naming` names its output folder (cli.run_job's)."""
     from ..cache.plan import make_plan
     from ..cache.reuse import decide
 
@@ -59,7 +61,7 @@ def run_sweep_job(cfg: DictConfig) -> int:
     start = time.perf_counter()
     record["started_at"] = time.time()  # wall clock: a sweep's timeline across processes and GPUs
     try:
-        plan = make_plan(cfg)  # torch-free: an up-to-date job costs a fraction of a second
+        plan = make_plan(cfg, naming=naming)  # torch-free: an up-to-date job costs a fraction of a second
         spec = plan.spec
         record.update(name=spec.name, output_dir=str(spec.output_dir))
         decided = decide(plan, say_why=False)

@@ -13,6 +13,7 @@ import flashrt_build
 from flashrt_build.artifact import SCHEMA
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
+from flashrt_build.pipeline import STAGES
 from flashrt_build.runtime.hashing import file_sha256
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_module
@@ -114,6 +115,8 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
     ]
     assert all(o["max_abs_err"] <= o["atol"] or o["rel_err"] <= o["rtol"] for o in v["outputs"])
     assert {"instantiate", "export", "compile", "package", "verify", "manifest"} <= set(m["timings"])
+    timed = [name.split()[0] for name in m["timings"]]  # "compile forward" is the compile stage's
+    assert timed == [stage for stage in STAGES if stage in timed]  # in the pipeline's order
 
 
 def test_load_refuses_a_package_altered_after_the_build(mlp_build: flashrt_build.BuildResult, tmp_path: Path) -> None:
@@ -282,7 +285,8 @@ def test_the_key_and_the_manifest_describe_one_toolchain(mlp_build: flashrt_buil
     """One description (config/toolchain.py): the key hashes its key fields,
     the manifest records it whole, so the two cannot disagree (the CPU ISA
     once came from /proc/cpuinfo for one and from torch for the other)."""
-    from flashrt_build.config.toolchain import KEY_FIELDS, key_fields
+    from flashrt_build.cache.key import key_fields
+    from flashrt_build.config.toolchain import KEY_FIELDS
 
     manifest = mlp_build.manifest
     assert key_fields(manifest["toolchain"]) == manifest["key_ingredients"]["toolchain"]

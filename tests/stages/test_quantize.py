@@ -26,7 +26,7 @@ from flashrt_build.examples import MLP
 from flashrt_build.stages import compile as compiled
 from flashrt_build.stages.compare import quantization_error
 from flashrt_build.stages.module import instantiate_module
-from flashrt_build.stages.quantize import decide, torchao_configs, torchao_version
+from flashrt_build.stages.quantize import rules_for, torchao_configs, torchao_version
 from flashrt_build.stages.weights import program_tensors
 
 RULES = "quant.rules=[{pattern: fc1, config: skip}, {pattern: 'fc*', config: Int8WeightOnlyConfig}]"
@@ -45,7 +45,7 @@ def test_no_recipe_is_the_default_and_quantizes_nothing() -> None:
 
 def test_the_first_matching_rule_decides_each_linear() -> None:
     spec = spec_of(RULES)
-    decided = decide(MLP(), spec.quant, spec.target)
+    decided = rules_for(MLP(), spec.quant, spec.target)
     assert {name: rule.config for name, rule in decided.items()} == {"fc1": "skip", "fc2": "Int8WeightOnlyConfig"}
 
 
@@ -55,12 +55,12 @@ def test_a_rule_that_decides_nothing_is_an_error_unless_optional() -> None:
     with pytest.raises(
         ConfigError, match=r"'quant.rules\[0\].pattern' = 'lm_head': decides no Linear module .*fc1, fc2"
     ):
-        decide(MLP(), spec.quant, spec.target)
+        rules_for(MLP(), spec.quant, spec.target)
     shadowed = spec_of("quant.rules=[{pattern: '*', config: Int8WeightOnlyConfig}, {pattern: fc2, config: skip}]")
     with pytest.raises(ConfigError, match=r"quant.rules\[1\].pattern' = 'fc2'.*each by an earlier rule"):
-        decide(MLP(), shadowed.quant, shadowed.target)
+        rules_for(MLP(), shadowed.quant, shadowed.target)
     shipped = spec_of()  # int8_wo's `*lm_head` skip is optional: the mlp has none
-    assert {r.config for r in decide(MLP(), shipped.quant, shipped.target).values()} == {"Int8WeightOnlyConfig"}
+    assert {r.config for r in rules_for(MLP(), shipped.quant, shipped.target).values()} == {"Int8WeightOnlyConfig"}
 
 
 def test_a_recipe_the_target_cannot_run_is_refused_before_any_work(tmp_path: Path) -> None:
