@@ -57,6 +57,10 @@ def main() -> None:
     parser.add_argument("--extra", action="append", default=[], metavar="OVERRIDE", help="more build overrides")
     parser.add_argument("--out-name", default="causal_lm")
     parser.add_argument("--work", help="build here and keep the model and its build (a rerun reuses them)")
+    parser.add_argument(
+        "--passes", default="none", help="comma-separated `passes` groups, a package each, side by side"
+    )
+    parser.add_argument("--no-generation", action="store_true", help="skip the generation runs (tokens/s, tokens)")
     args = parser.parse_args()
     device = torch.device(args.target)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -65,12 +69,15 @@ def main() -> None:
         overrides = ["+module=causal_lm", f"module.pretrained={directory}", f"module.max_cache_len={args.cache}",
                      f"module.max_prompt={args.prompt}", f"target={args.target}", "weights=external",
                      *(["serve.cuda_graphs=true"] if device.type == "cuda" else []), *args.extra]  # fmt: skip
-        out, manifest, build_s = cli_build(overrides, Path(root) / "out")
-        results = measure(args, directory, out, device, dtype)
-        results["build_s"] = build_s
-        results["compile_s"] = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
+        builds = {}
+        for passes in args.passes.split(","):
+            out, manifest, build_s = cli_build([*overrides, f"passes={passes}"], Path(root) / "out" / passes)
+            compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
+            builds[passes] = {"out": out, "build_s": build_s, "compile_s": compile_s}
+        results = measure(args, directory, builds, device, dtype)
+        results["builds"] = {name: {k: v for k, v in b.items() if k != "out"} for name, b in builds.items()}
         command = "python bench/causal_lm.py " + " ".join(sys.argv[1:])
-        (RESULTS / f"{args.out_name}.json").write_text(json.dumps(results, indent=2) + "\n")
+        (RESULTS / f"{args.out_name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
         publish(RESULTS / f"{args.out_name}.md", "causal_lm against transformers + reduce-overhead", command,
                 report(results, args))  # fmt: skip
 
@@ -92,9 +99,11 @@ def save_model(directory: Path, size: str, dtype: torch.dtype) -> Path:
     return directory
 
 
-def measure(args: argparse.Namespace, directory: Path, out: Path, device: torch.device, dtype: torch.dtype) -> dict:
-    replayed = flashrt_build.load(out, device=device)
-    plain = flashrt_build.load(out, device=device, cuda_graphs=False)
+def measure(args: argparse.Namespace, directory: Path, builds: dict[str, Any], device: torch.device,
+            dtype: torch.dtype) -> dict:  # fmt: skip
+    """Each package (`passes=NAME`) and transformers under reduce-overhead, alternating."""
+    replayed = {name: flashrt_build.load(b["out"], device=device) for name, b in builds.items()}
+    plain = {name: flashrt_build.load(b["out"], device=device, cuda_graphs=False) for name, b in builds.items()}
     eager = CausalLM(str(directory), args.cache).to(device=device, dtype=dtype).eval()
     compiled = {name: torch.compile(getattr(eager, name), mode="reduce-overhead") for name in ("prefill", "decode")}
     vocab = eager._model.config.vocab_size
@@ -120,18 +129,27 @@ def measure(args: argparse.Namespace, directory: Path, out: Path, device: torch.
 
         return run
 
-    results: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "size": args.size}
-    package, baseline = step(replayed.decode.run_trusted), step(compiled["decode"])
-    results["decode_ms"] = timed({"package": package, "transformers, reduce-overhead": baseline}, args, device)
-    results["prefill_ms"] = timed(
-        {"package": prefill(replayed.prefill), "transformers, reduce-overhead": prefill(compiled["prefill"])},
-        args, device, steps=max(1, args.steps // 10),
-    )  # fmt: skip
-    profile = profile_step(step(plain.decode.run_trusted), device)
-    results["kernels_per_decode_step"] = profile and profile["kernels"]
-    results["decode_profile"] = profile
-    results["generation"] = generation(args, directory, out, replayed, compiled, prompt, device, dtype)
+    def label(name: str) -> str:
+        return "package" if len(builds) == 1 else f"package passes={name}"
+
+    results: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "size": args.size,
+                               "packages": [label(name) for name in builds]}  # fmt: skip
+    decode = {label(name): step(model.decode.run_trusted) for name, model in replayed.items()}
+    results["decode_ms"] = timed({**decode, BASELINE: step(compiled["decode"])}, args, device)
+    prefills = {label(name): prefill(model.prefill) for name, model in replayed.items()}
+    results["prefill_ms"] = timed({**prefills, BASELINE: prefill(compiled["prefill"])}, args, device,
+                                  steps=max(1, args.steps // 10))  # fmt: skip
+    results["decode_profile"] = {label(name): profile_step(step(model.decode.run_trusted), device)
+                                 for name, model in plain.items()}  # fmt: skip
+    first = next(iter(builds))
+    results["kernels_per_decode_step"] = (results["decode_profile"][label(first)] or {}).get("kernels")
+    if not args.no_generation:
+        results["generation"] = generation(args, directory, builds[first]["out"], replayed[first], compiled, prompt,
+                                           device, dtype)  # fmt: skip
     return results
+
+
+BASELINE = "transformers, reduce-overhead"
 
 
 def generation(
@@ -188,34 +206,48 @@ def generation(
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     decode, prefill = results["decode_ms"], results["prefill_ms"]
-    package, baseline = "package", "transformers, reduce-overhead"
+    packages = results.get("packages", ["package"])
 
-    def ratio(section: dict[str, Any]) -> float:
-        pairs = zip(section[package]["samples"], section[baseline]["samples"], strict=True)
-        return sorted(a / b for a, b in pairs)[len(section[package]["samples"]) // 2]
+    def ratio(section: dict[str, Any], a: str, b: str) -> float:
+        pairs = zip(section[a]["samples"], section[b]["samples"], strict=True)
+        return sorted(x / y for x, y in pairs)[len(section[a]["samples"]) // 2]
 
-    rows = [
-        ("decode step (ms)", f"{decode[package]['median']:.3f}", f"{decode[baseline]['median']:.3f}",
-         f"{ratio(decode):.3f}"),
-        (f"prefill {args.prompt} (ms)", f"{prefill[package]['median']:.3f}", f"{prefill[baseline]['median']:.3f}",
-         f"{ratio(prefill):.3f}"),
-    ]  # fmt: skip
     replayed = " (CUDA graphs)" if results["device"].startswith("cuda") else ""
-    header = ["", f"package{replayed}", "transformers + torch.compile reduce-overhead", "ratio"]
-    text = f"{results['size']}, {results['dtype']} on {results['device']}\n\n" + table(header, rows, "lrrr")
-    text += f"\n\nKernels per decode step (plain call): {results['kernels_per_decode_step']}\n\n"
-    if results.get("decode_profile"):
-        profile = results["decode_profile"]
-        text += f"GPU time of a plain decode step, by kernel (sum {profile['gpu_ms']:.3f} ms):\n\n"
-        text += table(["kernel", "launches", "ms"], [(f"`{n}`", str(c), f"{ms:.4f}") for n, c, ms in profile["top"]],
-                      "lrr") + "\n\n"  # fmt: skip
-    text += table(
-        ["generation", "tokens/s", "tokens equal to transformers eager"],
-        [(name, f"{run['tokens_per_s']:.1f}", f"{run['same_tokens_as_transformers_eager']} of {args.new}")
-         for name, run in results["generation"].items()],
-        "lrr",
-    )  # fmt: skip
-    return text + f"\n\nBuild {results['build_s']:.0f} s (compile: {results['compile_s']})\n"
+    header = ["", *[f"{p}{replayed}" for p in packages], "transformers + torch.compile reduce-overhead",
+              *[f"{p} / transformers" for p in packages]]  # fmt: skip
+    rows = []
+    for title, section in (("decode step (ms)", decode), (f"prefill {args.prompt} (ms)", prefill)):
+        rows.append((title, *[f"{section[p]['median']:.3f}" for p in packages], f"{section[BASELINE]['median']:.3f}",
+                     *[f"{ratio(section, p, BASELINE):.3f}" for p in packages]))  # fmt: skip
+    text = f"{results['size']}, {results['dtype']} on {results['device']}\n\n"
+    text += table(header, rows, "l" + "r" * (len(header) - 1))
+    if len(packages) > 1:
+        first = packages[0]
+        text += (
+            "\n\nPaired ratios against "
+            + first
+            + ": "
+            + ", ".join(
+                f"{p}: decode {ratio(decode, p, first):.3f}, prefill {ratio(prefill, p, first):.3f}"
+                for p in packages[1:]
+            )
+        )
+    for name, build in results.get("builds", {}).items():
+        text += f"\n\nBuild passes={name}: {build['build_s']:.0f} s (compile: {build['compile_s']})"
+    for name, profile in (results.get("decode_profile") or {}).items():
+        if profile:
+            text += f"\n\n{name}: {profile['kernels']} kernels in a plain decode step, "
+            text += f"GPU time {profile['gpu_ms']:.3f} ms:\n\n"
+            top = [(f"`{n}`", str(c), f"{ms:.4f}") for n, c, ms in profile["top"]]
+            text += table(["kernel", "launches", "ms"], top, "lrr")
+    if results.get("generation"):
+        text += "\n\n" + table(
+            ["generation", "tokens/s", "tokens equal to transformers eager"],
+            [(name, f"{run['tokens_per_s']:.1f}", f"{run['same_tokens_as_transformers_eager']} of {args.new}")
+             for name, run in results["generation"].items()],
+            "lrr",
+        )  # fmt: skip
+    return text + "\n"
 
 
 if __name__ == "__main__":

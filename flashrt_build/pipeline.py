@@ -1,4 +1,4 @@
-"""The pipeline: config -> plan -> preflight -> module -> inputs -> exported
+"""The pipeline: config -> plan -> preflight -> module -> passes -> inputs -> exported
 -> compiled -> package -> verified -> manifest -> published. Each stage is a
 function in its own module returning its value, its manifest sections and
 its log note; this file only strings them together."""
@@ -26,6 +26,7 @@ from .stages.domain import inputs_stage
 from .stages.export import export_stage
 from .stages.module import instantiate_stage
 from .stages.package import package_stage
+from .stages.passes import passes_stage
 from .stages.preflight import preflight
 from .stages.progress import StageTimer
 from .stages.publish import build_lock, publish, staging_dir
@@ -36,9 +37,9 @@ from .stages.verify import verify_stage
 log = logging.getLogger("flashrt_build")
 
 # The stages a build times, in the order it runs them (the manifest's
-# `timings`, the log's lines); `quantize` only with a recipe, `verify` unless
+# `timings`, the log's lines); `quantize` and `passes` only when chosen, `verify` unless
 # it is off; a compile of several methods is timed per method ("compile NAME").
-STAGES = ("instantiate", "quantize", "inputs", "export", "compile", "package", "verify", "manifest")
+STAGES = ("instantiate", "quantize", "passes", "inputs", "export", "compile", "package", "verify", "manifest")
 
 
 @dataclass
@@ -97,6 +98,8 @@ def _run_stages(plan: Plan) -> BuildResult:
              spec.weights.value, spec.output_dir)  # fmt: skip
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
     originals = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
+    if spec.passes != "none":
+        timer.run("passes", passes_stage, module, spec)
     timer.run("inputs", inputs_stage, module, spec)
     exported = timer.run("export", export_stage, module, spec)
     # Builds of one output dir take turns from here to publishing; the stages

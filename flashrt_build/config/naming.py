@@ -1,7 +1,7 @@
 """The name of a build's output folder, the same from the command line and
 from `compose()`:
 
-    <output_root>/<module.name>/<target>-<weights>-<inductor>[-<quant>][-<variant>]
+    <output_root>/<module.name>/<target>-<weights>-<inductor>[-<quant>][-<passes>][-<variant>]
 
 The variant names every value that differs from what the chosen configs
 (the module, target, inductor and quant files) say, for keys that change the
@@ -20,7 +20,8 @@ from typing import Any
 # Top-level keys that leave the artifact as it is, or name it already.
 UNNAMED = frozenset(
     {
-        "module.name", "target.name", "inductor.name", "quant.name", "weights",  # the folder's other parts
+        "module.name", "target.name", "inductor.name", "quant.name", "passes.name",  # the folder's other parts
+        "weights",
         "output_root", "output_dir", "variant", "verify", "force", "threads",  # where and how, not what
         "allowed_targets", "python_path", "hydra",  # policy and lookup
     }

@@ -115,16 +115,17 @@ def check_temp_dir() -> None:
 def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
     """The build's output directory: `output_dir`, or one derived from choices.
 
-    Derived: `<output_root>/<module>/<target>-<weights>-<inductor>[-<quant>][-<variant>]`
-    (the quant recipe unless `none`), never a timestamp, so a rebuild lands
+    Derived: `<output_root>/<module>/<target>-<weights>-<inductor>[-<quant>][-<passes>][-<variant>]`
+    (the quant recipe and the passes unless `none`), never a timestamp, so a rebuild lands
     where the last one did.
     """
     root = (cwd / Path(config["output_root"]).expanduser()).resolve()
     if config.get("output_dir"):
         return (cwd / Path(config["output_dir"]).expanduser()).resolve()  # `~`: the home directory
     parts = [config["target"]["name"], str(config["weights"]), config["inductor"]["name"]]
-    if config.get("quant", {}).get("name", "none") != "none":
-        parts.append(config["quant"]["name"])
+    for group in ("quant", "passes"):
+        if config.get(group, {}).get("name", "none") != "none":
+            parts.append(config[group]["name"])
     if config.get("variant"):
         parts.append(config["variant"])
     leaf = "-".join(parts)

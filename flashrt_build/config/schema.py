@@ -225,6 +225,17 @@ class ToolchainConfig:
 
 
 @dataclass
+class PassesConfig:
+    """Graph rewrites between the module and its export (stages/passes.py),
+    each verified with the build. `none`: the graph as the module writes it."""
+
+    name: str = "none"
+    # Linear layers that read the same input (attention's q/k/v, an MLP's
+    # gate/up) become one matmul over their concatenated weights.
+    fuse_projections: bool = False
+
+
+@dataclass
 class BuildConfig:
     """One build. `module` is added with `+module=NAME`."""
 
@@ -232,6 +243,7 @@ class BuildConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     inductor: InductorConfig = field(default_factory=InductorConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
+    passes: PassesConfig = field(default_factory=PassesConfig)
     weights: WeightsMode = WeightsMode.baked
     output_root: str = "outputs"
     # Exact directory for this build; null derives it from the module name and

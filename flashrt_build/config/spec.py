@@ -74,6 +74,8 @@ class BuildSpec:
     # inductor.methods: per method, options over `inductor_options` (flattened)
     method_inductor_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     quant: QuantRecipe | None = None  # None: weights as the module holds them
+    passes: str = "none"  # the `passes` group's name
+    fuse_projections: bool = False  # passes.fuse_projections
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
 
     @property
@@ -146,6 +148,8 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         config=config,
         method_inductor_options=compiler.method_inductor_options,
         quant=compiler.quant,
+        passes=str(config["passes"]["name"]),
+        fuse_projections=bool(config["passes"]["fuse_projections"]),
         import_paths=module.import_paths,
         **checks,
     )

@@ -126,6 +126,7 @@ class Manifest(TypedDict, total=False):
     serve: dict[str, Any]
     inductor: dict[str, Any]
     quant: dict[str, Any]  # a quantized build: the recipe, torchao's version, each Linear's rule
+    passes: dict[str, Any]  # graph passes applied: what each changed (fused tensors, their source rows)
     release: bool
     config: dict[str, Any]
     config_sha256: str

@@ -6,6 +6,7 @@ its manifest sections and its log note.
     module.py          instantiate the module, cast it (checkpoint.py: load its weights strictly)
     checkpoint.py      a checkpoint streamed into the module, names renamed, tied weights given once
     quantize.py        quantize its Linear weights by the `quant` recipe (torchao)
+    passes.py          graph passes on the module before export: projections fused
     domain.py          the config's inputs against the eager module, before the compile
     inputs.py          seeded example inputs and torch.export dynamic shapes
     export.py          torch.export: one graph per method or an error naming the cause

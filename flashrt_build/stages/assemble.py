@@ -61,6 +61,7 @@ def assemble_manifest(
         "toolchain": sections["toolchain"],
         "inductor": {"options": _jsonable(options)},
         **({"quant": sections["quant"]} if "quant" in sections else {}),
+        **({"passes": sections["passes"]} if "passes" in sections else {}),
         "release": spec.release,
         "config": dict(spec.config),
         "config_sha256": config_sha256(spec.config),

@@ -1,0 +1,108 @@
+"""Graph passes (`passes=llm`): projections that read one input fused into
+one matmul, the module's outputs unchanged, the fused tensors mapped back to
+the checkpoint's exactly, and a package built with them verified and
+generating transformers' own tokens."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from llm_families import save_family, transformers_tokens
+from safetensors.torch import load_file
+from torch import nn
+
+import flashrt_build
+from flashrt_build.cache.plan import make_plan
+from flashrt_build.config.compose import compose
+from flashrt_build.stages.module import instantiate_stage
+from flashrt_build.stages.passes import passes_stage
+
+PROMPT = torch.tensor([[3, 1, 4, 1, 5]])
+
+
+def llm_overrides(model_dir: Path, root: Path, *more: str) -> list[str]:
+    return ["+module=causal_lm", f"module.pretrained={model_dir}", "module.max_cache_len=32",
+            "module.max_prompt=16", "weights=external", f"output_root={root / 'out'}", *more]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("passes")
+    return save_family("llama", root / "llama"), root
+
+
+def fused_module(model_dir: Path, root: Path) -> tuple[nn.Module, nn.Module, dict]:
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm")))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    original = copy.deepcopy(module)
+    stage = passes_stage(module, plan.spec)
+    return original, module, stage.sections["passes"]
+
+
+def test_fusing_projections_keeps_the_outputs_and_maps_every_row_back(llama: tuple[Path, Path]) -> None:
+    model_dir, root = llama
+    original, fused, section = fused_module(model_dir, root)
+    groups = section["fuse_projections"]["fused"]
+    # each of the 2 layers: attention's q/k/v and the MLP's gate/up, nothing else (o_proj, down_proj read other inputs)
+    assert (
+        sorted(g["weight"].rsplit(".", 2)[-2] for g in groups)
+        == ["gate_proj__up_proj"] * 2 + ["q_proj__k_proj__v_proj"] * 2
+    )
+    assert section["fuse_projections"]["linear_calls_cut"] == 2 * (3 - 1) + 2 * (2 - 1)
+    checkpoint = {k: v for f in model_dir.glob("*.safetensors") for k, v in load_file(f).items()}
+    params = dict(fused.named_parameters())
+    for group in groups:  # the fused tensor is the checkpoint's tensors, row for row
+        rebuilt = torch.cat([checkpoint[part["name"]] for part in group["from"]])
+        assert torch.equal(params[group["weight"]], rebuilt)
+        assert [p["rows"] for p in group["from"]][-1][1] == rebuilt.shape[0]
+        assert all(part["name"] not in params for part in group["from"])  # the originals are gone
+    with torch.no_grad():
+        assert torch.allclose(original.prefill(PROMPT), fused.prefill(PROMPT), atol=1e-5)
+        step = (torch.tensor([[7]]), torch.tensor([PROMPT.shape[1]]))
+        assert torch.allclose(original.decode(*step), fused.decode(*step), atol=1e-5)
+
+
+def test_a_fused_layer_fed_different_inputs_gives_each_its_own_output() -> None:
+    """The fallback the fused layer keeps: layers of one group called with
+    different tensors (or one changed in place) still get their own rows."""
+    from flashrt_build.stages.passes import FusedLinear, FusedSlice
+
+    a, b = nn.Linear(4, 3), nn.Linear(4, 2)
+    shared = FusedLinear(torch.cat([a.weight, b.weight]).detach(), torch.cat([a.bias, b.bias]).detach(), [3, 2])
+    first, second = FusedSlice(shared, 0), FusedSlice(shared, 1)
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    with torch.no_grad():
+        assert torch.allclose(first(x), a(x)) and torch.allclose(second(y), b(y))
+        first(x)
+        x.mul_(2)  # changed in place between the two layers' calls
+        assert torch.allclose(second(x), b(x))
+
+
+@pytest.mark.slow
+def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Path, Path]) -> None:
+    model_dir, root = llama
+    result = flashrt_build.build(compose(llm_overrides(model_dir, root, "passes=llm")))
+    manifest = result.manifest
+    assert manifest["verification"]["passed"] is True
+    assert result.output_dir.name.startswith("cpu-external-default-llm")  # its own folder beside passes=none
+    assert "passes" in manifest["timings"] and manifest["config"]["passes"]["fuse_projections"] is True
+    fused = {g["weight"] for g in manifest["passes"]["fuse_projections"]["fused"]}
+    sidecar = load_file(result.output_dir / manifest["weights"]["file"])
+    assert fused <= set(sidecar) and not any(name.endswith("q_proj.weight") for name in sidecar)
+    tokens = flashrt_build.generate(flashrt_build.load(result.output_dir), PROMPT, 9).tokens
+    assert tokens.tolist() == transformers_tokens(model_dir, PROMPT, 9).tolist()
+    # the graph: 2 layers x (qkv, o, gate/up, down) + lm_head matmuls, against 2 x 7 + 1 unfused
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm")))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    passes_stage(module, plan.spec)
+    from flashrt_build.stages.export import export_stage
+
+    for exported in export_stage(module, plan.spec).value:
+        linears = [n for n in exported.program.graph.nodes if n.target is torch.ops.aten.linear.default]
+        assert len(linears) == 2 * 4 + 1, exported.method.name
+    # turning the pass off is a different build, in the key
+    off = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.fuse_projections=false")))
+    assert off.keys["graph_key"] != plan.keys["graph_key"]
