@@ -8,6 +8,7 @@ binds one copy."""
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ from .reader import as_argument, read_all, read_checkpoint
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
 
 
+log = logging.getLogger("flashrt_build")
+
+
 def _quantized_hint(manifest: dict[str, Any], problems: dict[str, list[str]]) -> str:
     """What to do when float weights meet a quantized package."""
     quant = manifest.get("quant")
@@ -35,6 +39,25 @@ def _quantized_hint(manifest: dict[str, Any], problems: dict[str, list[str]]) ->
         f"Build with module.checkpoint=THAT_FILE and quant={quant['name']}: the checkpoint is quantized by the "
         "recipe and the compiled package reused (external weights), nothing recompiled"
     )
+
+
+def fused_at_load(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """Weights named as the checkpoint names them, for a package whose
+    projections were fused (`passes`): each fused tensor made from its parts,
+    row for row, as the manifest maps them (a copy; the parts are dropped)."""
+    fused = ((manifest.get("passes") or {}).get("fuse_projections") or {}).get("fused") or []
+    made = 0
+    for record in fused:
+        for kind in ("weight", "bias") if record.get("bias") else ("weight",):
+            parts = [p["name"].removesuffix(".weight") + f".{kind}" for p in record["from"]]
+            if record[kind] in tensors or not all(p in tensors for p in parts):
+                continue  # named as the package binds it already, or not this checkpoint's: compare() says
+            tensors = {**tensors, record[kind]: torch.cat([tensors[p] for p in parts])}
+            tensors = {k: v for k, v in tensors.items() if k not in parts}
+            made += 1
+    if made:
+        log.info("fused %d tensors of %s at load, as the build's passes did (a copy)", made, source)
+    return tensors
 
 
 def weights_to_bind(
@@ -53,6 +76,7 @@ def weights_to_bind(
     borrowed = isinstance(weights, Mapping) or (weights is None and host is not None)
     stateful = {t["fqn"] for t in (manifest.get("state") or {}).get("tensors", [])}
     tensors = {name: t for name, t in tensors.items() if name not in stateful}  # bound as state
+    tensors = fused_at_load(manifest, tensors, source)
     table = {name: (list(t.shape), dtype_name(t.dtype)) for name, t in tensors.items()}
     devices = {name: t.device for name, t in tensors.items()}
     # The caller's tensors are bound as they are (borrowed), so their layout must be the package's.

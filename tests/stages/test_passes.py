@@ -94,6 +94,10 @@ def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Pa
     assert fused <= set(sidecar) and not any(name.endswith("q_proj.weight") for name in sidecar)
     tokens = flashrt_build.generate(flashrt_build.load(result.output_dir), PROMPT, 9).tokens
     assert tokens.tolist() == transformers_tokens(model_dir, PROMPT, 9).tolist()
+    # another checkpoint of the architecture, named as transformers names it: fused at load, no recompile
+    other = save_family("llama", root / "other", seed=1)
+    swapped = flashrt_build.generate(flashrt_build.load(result.output_dir, weights=other), PROMPT, 9).tokens
+    assert swapped.tolist() == transformers_tokens(other, PROMPT, 9).tolist() != tokens.tolist()
     # the graph: 2 layers x (qkv, o, gate/up, down) + lm_head matmuls, against 2 x 7 + 1 unfused
     plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm")))
     module = instantiate_stage(plan.spec, plan.digests).value
