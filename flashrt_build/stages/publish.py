@@ -42,7 +42,11 @@ def build_lock(output_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             log.info("waiting for another build of %s to finish (%s)", output_dir, lock_path)
             fcntl.flock(lock, fcntl.LOCK_EX)
-        remove_stale_staging(output_dir)
+        # Staging directories of this output dir are ours to remove: the lock
+        # is held, so whatever left them was killed.
+        for stale in output_dir.parent.glob(f"{_staging_prefix(output_dir)}*"):
+            log.info("removing %s, left by an interrupted build", stale)
+            shutil.rmtree(stale, ignore_errors=True)
         yield
 
 
@@ -54,14 +58,6 @@ def writable_parent(output_dir: Path) -> Path:
     except OSError as exc:
         raise ConfigError("output_dir", str(output_dir), f"cannot be written ({exc.strerror or exc})") from None
     return output_dir.parent
-
-
-def remove_stale_staging(output_dir: Path) -> None:
-    """Staging directories of this output dir are ours to remove: the lock is
-    held, so whatever left them was killed."""
-    for stale in output_dir.parent.glob(f"{_staging_prefix(output_dir)}*"):
-        log.info("removing %s, left by an interrupted build", stale)
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _staging_prefix(output_dir: Path) -> str:
@@ -86,6 +82,7 @@ def publish(staging: Path, output_dir: Path) -> None:
     """Put `staging` at `output_dir` in one atomic step: a reader sees the old
     artifact or the new one, never neither and never a mix."""
     _make_readable(staging)
+    retiring = _staging_prefix(output_dir)  # where the old artifact goes without an atomic swap
     # Digests too, here only: what was checked by name and size before the
     # work may have been replaced since, and this swap is the one that deletes.
     in_the_way = foreign_entries(output_dir, lambda path, record: altered_digest(path, record) is not None)
@@ -98,10 +95,21 @@ def publish(staging: Path, output_dir: Path) -> None:
         )
     if not output_dir.exists():
         os.rename(staging, output_dir)
-    elif _exchange(staging, output_dir):
+        return
+    try:  # an atomic swap of the two paths (Linux renameat2)
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not in this libc
+        renameat2 = None
+    swapped = renameat2 is not None and renameat2(
+        _AT_FDCWD, os.fsencode(staging), _AT_FDCWD, os.fsencode(output_dir), _RENAME_EXCHANGE
+    ) == 0  # fmt: skip
+    code = ctypes.get_errno() if renameat2 is not None and not swapped else 0
+    if code and code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # unsupported here: two renames
+        raise OSError(code, os.strerror(code), str(output_dir))
+    if swapped:
         shutil.rmtree(staging, ignore_errors=True)  # now holds the old artifact
     else:  # a filesystem without RENAME_EXCHANGE: two renames, a moment apart
-        retired = Path(tempfile.mkdtemp(prefix=_staging_prefix(output_dir), dir=output_dir.parent))
+        retired = Path(tempfile.mkdtemp(prefix=retiring, dir=output_dir.parent))
         os.rename(output_dir, retired / "old")
         os.rename(staging, output_dir)
         shutil.rmtree(retired, ignore_errors=True)
@@ -109,20 +117,6 @@ def publish(staging: Path, output_dir: Path) -> None:
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2); False where unsupported."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), str(b))
 
 
 def _make_readable(directory: Path) -> None:

@@ -121,6 +121,25 @@ def test_publishing_rechecks_what_it_would_swap_out(tmp_path: Path) -> None:
     assert snapshot(tmp_path / "out") == before and (staging / "manifest.json").is_file()
 
 
+@pytest.mark.parametrize("swap", ["renameat2", "two-renames"])
+def test_publishing_replaces_an_earlier_build_whole(tmp_path: Path, swap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new build takes the old one's place and nothing of either is left
+    beside it, by an atomic swap or, where the libc has none, two renames."""
+    import ctypes
+
+    if swap == "two-renames":
+        monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: (_ for _ in ()).throw(OSError("no libc here")))
+    out, staging = tmp_path / "out", tmp_path / ".out.staging-1"
+    fake_build(out)
+    fake_build(staging)
+    (staging / "model.pt2").write_bytes(b"the new package")
+    package = {"file": "model.pt2", **file_record(staging / "model.pt2")}
+    (staging / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "name": "mlp", "package": package}))
+    publish(staging, out)
+    assert (out / "model.pt2").read_bytes() == b"the new package"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # neither the staging nor the old build remains
+
+
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
