@@ -48,7 +48,7 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
     groups = projection_groups(module, spec)
     fused = [fuse(module, group) for group in groups]
     calls = sum(len(g.members) for g in groups)
-    note = f"fuse_projections: {calls} linear layers into {len(groups)} matmuls"
+    note = f"fuse_projections: {calls} linear layers into {len(groups)} matmuls" if groups else "nothing to fuse"
     section = {"name": spec.passes, "fuse_projections": {"linear_calls_cut": calls - len(groups), "fused": fused}}
     return Stage(None, note, {"passes": section})
 
