@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from llm_families import save_family, transformers_tokens
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 import flashrt_build
@@ -94,6 +94,15 @@ def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Pa
     assert fused <= set(sidecar) and not any(name.endswith("q_proj.weight") for name in sidecar)
     tokens = flashrt_build.generate(flashrt_build.load(result.output_dir), PROMPT, 9).tokens
     assert tokens.tolist() == transformers_tokens(model_dir, PROMPT, 9).tolist()
+    # `check` sees the checkpoint's unfused names fit, and a wrong part's shape named
+    from flashrt_build.runtime.checkpoint import check_checkpoint
+
+    assert check_checkpoint(result.output_dir, model_dir) == {}
+    tensors = {k: v for f in model_dir.glob("*.safetensors") for k, v in load_file(f).items()}
+    tensors["model.layers.1.self_attn.k_proj.weight"] = tensors["model.layers.1.self_attn.k_proj.weight"][:-1].clone()
+    save_file(tensors, root / "cut.safetensors")
+    problems = check_checkpoint(result.output_dir, root / "cut.safetensors")
+    assert list(problems) == ["wrong shape"] and "model.layers.1.self_attn.k_proj.weight" in problems["wrong shape"][0]
     # another checkpoint of the architecture, named as transformers names it: fused at load, no recompile
     other = save_family("llama", root / "other", seed=1)
     swapped = flashrt_build.generate(flashrt_build.load(result.output_dir, weights=other), PROMPT, 9).tokens
