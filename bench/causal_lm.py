@@ -61,6 +61,7 @@ def main() -> None:
         "--passes", default="none", help="comma-separated `passes` groups, a package each, side by side"
     )
     parser.add_argument("--no-generation", action="store_true", help="skip the generation runs (tokens/s, tokens)")
+    parser.add_argument("--no-baseline", action="store_true", help="packages only: no transformers + reduce-overhead")
     args = parser.parse_args()
     device = torch.device(args.target)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -135,10 +136,11 @@ def measure(args: argparse.Namespace, directory: Path, builds: dict[str, Any], d
     results: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "size": args.size,
                                "packages": [label(name) for name in builds]}  # fmt: skip
     decode = {label(name): step(model.decode.run_trusted) for name, model in replayed.items()}
-    results["decode_ms"] = timed({**decode, BASELINE: step(compiled["decode"])}, args, device)
+    baseline = not args.no_baseline
+    results["decode_ms"] = timed({**decode, **({BASELINE: step(compiled["decode"])} if baseline else {})}, args, device)
     prefills = {label(name): prefill(model.prefill) for name, model in replayed.items()}
-    results["prefill_ms"] = timed({**prefills, BASELINE: prefill(compiled["prefill"])}, args, device,
-                                  steps=max(1, args.steps // 10))  # fmt: skip
+    prefills |= {BASELINE: prefill(compiled["prefill"])} if baseline else {}
+    results["prefill_ms"] = timed(prefills, args, device, steps=max(1, args.steps // 10))
     results["decode_profile"] = {label(name): profile_step(step(model.decode.run_trusted), device)
                                  for name, model in plain.items()}  # fmt: skip
     first = next(iter(builds))
@@ -213,12 +215,13 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         return sorted(x / y for x, y in pairs)[len(section[a]["samples"]) // 2]
 
     replayed = " (CUDA graphs)" if results["device"].startswith("cuda") else ""
-    header = ["", *[f"{p}{replayed}" for p in packages], "transformers + torch.compile reduce-overhead",
-              *[f"{p} / transformers" for p in packages]]  # fmt: skip
+    against = [BASELINE] if BASELINE in decode else []
+    header = ["", *[f"{p}{replayed}" for p in packages], *["transformers + reduce-overhead" for _ in against],
+              *[f"{p} / transformers" for p in packages for _ in against]]  # fmt: skip
     rows = []
     for title, section in (("decode step (ms)", decode), (f"prefill {args.prompt} (ms)", prefill)):
-        rows.append((title, *[f"{section[p]['median']:.3f}" for p in packages], f"{section[BASELINE]['median']:.3f}",
-                     *[f"{ratio(section, p, BASELINE):.3f}" for p in packages]))  # fmt: skip
+        rows.append((title, *[f"{section[p]['median']:.3f}" for p in [*packages, *against]],
+                     *[f"{ratio(section, p, b):.3f}" for p in packages for b in against]))  # fmt: skip
     text = f"{results['size']}, {results['dtype']} on {results['device']}\n\n"
     text += table(header, rows, "l" + "r" * (len(header) - 1))
     if len(packages) > 1:
