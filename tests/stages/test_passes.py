@@ -119,3 +119,18 @@ def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Pa
     # turning the pass off is a different build, in the key
     off = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.fuse_projections=false")))
     assert off.keys["graph_key"] != plan.keys["graph_key"]
+
+
+def test_quantized_layers_are_left_as_the_recipe_made_them(llama: tuple[Path, Path]) -> None:
+    """Weights a recipe quantized are not plain tensors to concatenate: the
+    pass leaves them (and says there was nothing to fuse)."""
+    from flashrt_build.stages.quantize import quantize_stage
+
+    model_dir, root = llama
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "quant=int8_wo")))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    quantize_stage(module, plan.spec)
+    before = {name: type(m) for name, m in module.named_modules()}
+    stage = passes_stage(module, plan.spec)
+    assert stage.note == "nothing to fuse" and stage.sections["passes"]["fuse_projections"]["fused"] == []
+    assert {name: type(m) for name, m in module.named_modules()} == before
