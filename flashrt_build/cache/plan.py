@@ -32,7 +32,6 @@ class Plan:
     # per method of several, the key of everything its own compiled model depends on
     method_keys: dict[str, str] = field(default_factory=dict)
     gpu_keyed: bool = False  # a CUDA target's key names its GPU once the build has asked torch
-
     source: dict[str, Any] = field(default_factory=dict)  # what the module's code is, as the key hashes it
 
     @property

@@ -136,7 +136,7 @@ def kept_models(plan: Plan) -> KeptModels:
     store = Store(plan.spec.output_root)
     return KeptModels(
         plan.kept_model_keys(),
-        lambda key, kind: store.package(key, kind),
+        store.package,
         lambda key, part: store.put("methods", key, [part]),
     )
 

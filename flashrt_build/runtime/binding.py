@@ -19,7 +19,7 @@ from ..errors import WeightsMismatch
 from .checkpoint import compare, laid_out
 from .dtypes import dtype_name
 from .hashing import check_file
-from .manifest import manifest_methods, method_bindings, quantized_originals, state_mode
+from .manifest import fused_tensors, manifest_methods, method_bindings, quantized_originals, state_mode
 from .reader import as_argument, read_all, read_checkpoint
 
 WeightsArg = str | Path | Mapping[str, torch.Tensor] | None
@@ -45,16 +45,15 @@ def fused_at_load(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], so
     """Weights named as the checkpoint names them, for a package whose
     projections were fused (`passes`): each fused tensor made from its parts,
     row for row, as the manifest maps them (a copy; the parts are dropped)."""
-    fused = ((manifest.get("passes") or {}).get("fuse_projections") or {}).get("fused") or []
     made = 0
-    for record in fused:
-        for kind in ("weight", "bias") if record.get("bias") else ("weight",):
-            parts = [p["name"].removesuffix(".weight") + f".{kind}" for p in record["from"]]
-            if record[kind] in tensors or not all(p in tensors for p in parts):
-                continue  # named as the package binds it already, or not this checkpoint's: compare() says
-            tensors = {**tensors, record[kind]: torch.cat([tensors[p] for p in parts])}
-            tensors = {k: v for k, v in tensors.items() if k not in parts}
-            made += 1
+    for name, parts in fused_tensors(manifest):
+        names = [part for part, _ in parts]
+        if name in tensors or not all(part in tensors for part in names):
+            continue  # named as the package binds it already, or not this checkpoint's: compare() says
+        if not made:
+            tensors = dict(tensors)  # the caller's mapping stays as given
+        tensors[name] = torch.cat([tensors.pop(part) for part in names])
+        made += 1
     if made:
         log.info("fused %d tensors of %s at load, as the build's passes did (a copy)", made, source)
     return tensors

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError, WeightsMismatch
 from .dtypes import FLOATING
-from .manifest import quantized_originals, read_manifest
+from .manifest import fused_tensors, quantized_originals, read_manifest
 from .reader import CheckpointFiles, as_argument, checkpoint_table, first_of, read_checkpoint
 
 
@@ -123,28 +123,25 @@ def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str
     weights = manifest["weights"]
     # State buffers (a KV cache) are bound apart: a checkpoint may hold them, as `load` accepts.
     accepted = [*weights.get("unused", []), *(t["fqn"] for t in (manifest.get("state") or {}).get("tensors", []))]
-    entries = unfused_view(float_view(weights["tensors"], manifest.get("quant")), manifest.get("passes"), table)
+    entries = unfused_view(float_view(weights["tensors"], manifest.get("quant")), manifest, table)
     _, problems = compare(entries, table, unused=accepted)
     return problems
 
 
 def unfused_view(
-    entries: list[Mapping[str, Any]], passes: Mapping[str, Any] | None, names: Mapping[str, Any]
+    entries: list[Mapping[str, Any]], manifest: Mapping[str, Any], names: Mapping[str, Any]
 ) -> list[Mapping[str, Any]]:
     """A package of fused projections (`passes`) as a checkpoint that names
     the unfused tensors sees it, where it does: each fused tensor's rows, by
     the names the manifest maps them to (what `load` fuses at load)."""
-    fused = ((passes or {}).get("fuse_projections") or {}).get("fused") or []
     by_fqn = {e["fqn"]: e for e in entries}
-    for record in fused:
-        for kind in ("weight", "bias") if record.get("bias") else ("weight",):
-            parts = [(p["name"].removesuffix(".weight") + f".{kind}", p["rows"]) for p in record["from"]]
-            whole = by_fqn.get(record[kind])
-            if whole is None or record[kind] in names or not all(name in names for name, _ in parts):
-                continue
-            del by_fqn[record[kind]]
-            for name, (start, end) in parts:
-                by_fqn[name] = {**whole, "fqn": name, "shape": [end - start, *whole["shape"][1:]]}
+    for name, parts in fused_tensors(manifest):
+        whole = by_fqn.get(name)
+        if whole is None or name in names or not all(part in names for part, _ in parts):
+            continue
+        del by_fqn[name]
+        for part, (start, end) in parts:
+            by_fqn[part] = {**whole, "fqn": part, "shape": [end - start, *whole["shape"][1:]]}
     return list(by_fqn.values())
 
 

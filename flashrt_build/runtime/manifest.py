@@ -156,6 +156,17 @@ def quantized_originals(tensors: list[Mapping[str, Any]]) -> list[str]:
     return sorted({t["quantized"]["from"] for t in tensors if t.get("quantized")})
 
 
+def fused_tensors(manifest: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, list[int]]]]]:
+    """A package's fused projections (`passes`): each fused tensor's name with
+    the checkpoint tensors its rows are, in order, as (name, [start, end])."""
+    fused = []
+    for record in ((manifest.get("passes") or {}).get("fuse_projections") or {}).get("fused") or []:
+        for kind in ("weight", "bias") if record.get("bias") else ("weight",):
+            parts = [(part["name"].removesuffix(".weight") + f".{kind}", part["rows"]) for part in record["from"]]
+            fused.append((record[kind], parts))
+    return fused
+
+
 def state_mode(manifest: dict[str, Any]) -> str | None:
     """How the package keeps its state: "in_place", "threaded" (also every
     stateful manifest written before the mode was recorded), None: no state."""

@@ -115,11 +115,11 @@ def fuse(module: nn.Module, group: Group) -> dict[str, Any]:
     parent.add_module(local, shared)
     for index, member in enumerate(group.members):
         parent.add_module(member.rpartition(".")[2], FusedSlice(shared, index))
-    spans, start = [], 0
+    parts, start = [], 0
     for member, count in zip(group.members, rows, strict=True):
-        spans.append({"name": member, "rows": [start, start + count]})
+        parts.append({"name": f"{member}.weight", "rows": [start, start + count]})
         start += count
-    record = {"weight": f"{group.fused}.weight", "from": [{**s, "name": f"{s['name']}.weight"} for s in spans]}
+    record: dict[str, Any] = {"weight": f"{group.fused}.weight", "from": parts}
     if shared.bias is not None:
         record["bias"] = f"{group.fused}.bias"
     return record
