@@ -104,7 +104,8 @@ def measure(args: argparse.Namespace, directory: Path, builds: dict[str, Any], d
             dtype: torch.dtype) -> dict:  # fmt: skip
     """Each package (`passes=NAME`) and transformers under reduce-overhead, alternating."""
     replayed = {name: flashrt_build.load(b["out"], device=device) for name, b in builds.items()}
-    plain = {name: flashrt_build.load(b["out"], device=device, cuda_graphs=False) for name, b in builds.items()}
+    plain = {name: flashrt_build.load(b["out"], device=device, cuda_graphs=False)  # profiled: CUDA only
+             for name, b in builds.items() if device.type == "cuda"}  # fmt: skip
     eager = CausalLM(str(directory), args.cache).to(device=device, dtype=dtype).eval()
     compiled = {name: torch.compile(getattr(eager, name), mode="reduce-overhead") for name in ("prefill", "decode")}
     vocab = eager._model.config.vocab_size
@@ -144,7 +145,7 @@ def measure(args: argparse.Namespace, directory: Path, builds: dict[str, Any], d
     results["decode_profile"] = {label(name): profile_step(step(model.decode.run_trusted), device)
                                  for name, model in plain.items()}  # fmt: skip
     first = next(iter(builds))
-    results["kernels_per_decode_step"] = (results["decode_profile"][label(first)] or {}).get("kernels")
+    results["kernels_per_decode_step"] = (results["decode_profile"].get(label(first)) or {}).get("kernels")
     if not args.no_generation:
         results["generation"] = generation(args, directory, builds[first]["out"], replayed[first], compiled, prompt,
                                            device, dtype)  # fmt: skip
