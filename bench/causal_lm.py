@@ -60,7 +60,15 @@ def main() -> None:
     parser.add_argument(
         "--passes", default="none", help="comma-separated `passes` groups, a package each, side by side"
     )
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="LABEL:OVERRIDES",
+        help="one more package, built with these space-separated overrides on top (e.g. 'tuned:passes=llm "
+        "+inductor.options.coordinate_descent_tuning=true')",
+    )  # fmt: skip
     parser.add_argument("--no-generation", action="store_true", help="skip the generation runs (tokens/s, tokens)")
+    parser.add_argument(
+        "--decode-only", action="store_true", help="packages of the decode method alone (faster builds): no prefill"
+    )
     parser.add_argument("--no-baseline", action="store_true", help="packages only: no transformers + reduce-overhead")
     args = parser.parse_args()
     device = torch.device(args.target)
@@ -69,12 +77,15 @@ def main() -> None:
         directory = save_model(Path(root) / "model", args.size, dtype)
         overrides = ["+module=causal_lm", f"module.pretrained={directory}", f"module.max_cache_len={args.cache}",
                      f"module.max_prompt={args.prompt}", f"target={args.target}", "weights=external",
-                     *(["serve.cuda_graphs=true"] if device.type == "cuda" else []), *args.extra]  # fmt: skip
+                     *(["serve.cuda_graphs=true"] if device.type == "cuda" else []),
+                     *(["~module.methods.prefill"] if args.decode_only else []), *args.extra]  # fmt: skip
         builds = {}
-        for passes in args.passes.split(","):
-            out, manifest, build_s = cli_build([*overrides, f"passes={passes}"], Path(root) / "out" / passes)
+        variants = {f"passes={passes}": [f"passes={passes}"] for passes in args.passes.split(",") if passes}
+        variants |= {label: more.split() for label, _, more in (v.partition(":") for v in args.variant)}
+        for label, more in variants.items():
+            out, manifest, build_s = cli_build([*overrides, *more], Path(root) / "out" / label)
             compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
-            builds[passes] = {"out": out, "build_s": build_s, "compile_s": compile_s}
+            builds[label] = {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more}
         results = measure(args, directory, builds, device, dtype)
         results["builds"] = {name: {k: v for k, v in b.items() if k != "out"} for name, b in builds.items()}
         command = "python bench/causal_lm.py " + " ".join(sys.argv[1:])
@@ -132,21 +143,22 @@ def measure(args: argparse.Namespace, directory: Path, builds: dict[str, Any], d
         return run
 
     def label(name: str) -> str:
-        return "package" if len(builds) == 1 else f"package passes={name}"
+        return "package" if len(builds) == 1 else f"package {name}"
 
     results: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "size": args.size,
                                "packages": [label(name) for name in builds]}  # fmt: skip
     decode = {label(name): step(model.decode.run_trusted) for name, model in replayed.items()}
     baseline = not args.no_baseline
     results["decode_ms"] = timed({**decode, **({BASELINE: step(compiled["decode"])} if baseline else {})}, args, device)
-    prefills = {label(name): prefill(model.prefill) for name, model in replayed.items()}
-    prefills |= {BASELINE: prefill(compiled["prefill"])} if baseline else {}
-    results["prefill_ms"] = timed(prefills, args, device, steps=max(1, args.steps // 10))
+    if not args.decode_only:
+        prefills = {label(name): prefill(model.prefill) for name, model in replayed.items()}
+        prefills |= {BASELINE: prefill(compiled["prefill"])} if baseline else {}
+        results["prefill_ms"] = timed(prefills, args, device, steps=max(1, args.steps // 10))
     results["decode_profile"] = {label(name): profile_step(step(model.decode.run_trusted), device)
                                  for name, model in plain.items()}  # fmt: skip
     first = next(iter(builds))
     results["kernels_per_decode_step"] = (results["decode_profile"].get(label(first)) or {}).get("kernels")
-    if not args.no_generation:
+    if not (args.no_generation or args.decode_only):
         results["generation"] = generation(args, directory, builds[first]["out"], replayed[first], compiled, prompt,
                                            device, dtype)  # fmt: skip
     return results
@@ -208,7 +220,7 @@ def generation(
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
-    decode, prefill = results["decode_ms"], results["prefill_ms"]
+    decode, prefill = results["decode_ms"], results.get("prefill_ms")
     packages = results.get("packages", ["package"])
 
     def ratio(section: dict[str, Any], a: str, b: str) -> float:
@@ -220,7 +232,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     header = ["", *[f"{p}{replayed}" for p in packages], *["transformers + reduce-overhead" for _ in against],
               *[f"{p} / transformers" for p in packages for _ in against]]  # fmt: skip
     rows = []
-    for title, section in (("decode step (ms)", decode), (f"prefill {args.prompt} (ms)", prefill)):
+    sections = [("decode step (ms)", decode), *([(f"prefill {args.prompt} (ms)", prefill)] if prefill else [])]
+    for title, section in sections:
         rows.append((title, *[f"{section[p]['median']:.3f}" for p in [*packages, *against]],
                      *[f"{ratio(section, p, b):.3f}" for p in packages for b in against]))  # fmt: skip
     text = f"{results['size']}, {results['dtype']} on {results['device']}\n\n"
@@ -232,12 +245,14 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             + first
             + ": "
             + ", ".join(
-                f"{p}: decode {ratio(decode, p, first):.3f}, prefill {ratio(prefill, p, first):.3f}"
+                f"{p}: decode {ratio(decode, p, first):.3f}"
+                + (f", prefill {ratio(prefill, p, first):.3f}" if prefill else "")
                 for p in packages[1:]
             )
         )
     for name, build in results.get("builds", {}).items():
-        text += f"\n\nBuild passes={name}: {build['build_s']:.0f} s (compile: {build['compile_s']})"
+        text += f"\n\nBuild {name} (`{' '.join(build['overrides'])}`): {build['build_s']:.0f} s"
+        text += f" (compile: {build['compile_s']})"
     for name, profile in (results.get("decode_profile") or {}).items():
         if profile:
             text += f"\n\n{name}: {profile['kernels']} kernels in a plain decode step, "
