@@ -67,7 +67,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--no-generation", action="store_true", help="skip the generation runs (tokens/s, tokens)")
     parser.add_argument(
-        "--decode-only", action="store_true", help="packages of the decode method alone (faster builds): no prefill"
+        "--only", choices=("prefill", "decode"), help="packages of this method alone (quicker builds), timed alone"
     )
     parser.add_argument("--no-baseline", action="store_true", help="packages only: no transformers + reduce-overhead")
     args = parser.parse_args()
@@ -78,12 +78,13 @@ def main() -> None:
         overrides = ["+module=causal_lm", f"module.pretrained={directory}", f"module.max_cache_len={args.cache}",
                      f"module.max_prompt={args.prompt}", f"target={args.target}", "weights=external",
                      *(["serve.cuda_graphs=true"] if device.type == "cuda" else []),
-                     *(["~module.methods.prefill"] if args.decode_only else []), *args.extra]  # fmt: skip
+                     *[f"~module.methods.{m}" for m in ("prefill", "decode") if args.only not in (None, m)],
+                     *args.extra]  # fmt: skip
         builds = {}
         variants = {f"passes={passes}": [f"passes={passes}"] for passes in args.passes.split(",") if passes}
         variants |= {label: more.split() for label, _, more in (v.partition(":") for v in args.variant)}
         for label, more in variants.items():
-            out, manifest, build_s = cli_build([*overrides, *more], Path(root) / "out" / label)
+            out, manifest, build_s = cli_build([*overrides, *more], Path(root) / "out" / label.replace("=", "-"))
             compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
             builds[label] = {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more}
         results = measure(args, directory, builds, device, dtype)
@@ -147,18 +148,20 @@ def measure(args: argparse.Namespace, directory: Path, builds: dict[str, Any], d
 
     results: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "size": args.size,
                                "packages": [label(name) for name in builds]}  # fmt: skip
-    decode = {label(name): step(model.decode.run_trusted) for name, model in replayed.items()}
     baseline = not args.no_baseline
-    results["decode_ms"] = timed({**decode, **({BASELINE: step(compiled["decode"])} if baseline else {})}, args, device)
-    if not args.decode_only:
+    if args.only != "prefill":
+        decode = {label(name): step(model.decode.run_trusted) for name, model in replayed.items()}
+        decode |= {BASELINE: step(compiled["decode"])} if baseline else {}
+        results["decode_ms"] = timed(decode, args, device)
+        results["decode_profile"] = {label(name): profile_step(step(model.decode.run_trusted), device)
+                                     for name, model in plain.items()}  # fmt: skip
+    if args.only != "decode":
         prefills = {label(name): prefill(model.prefill) for name, model in replayed.items()}
         prefills |= {BASELINE: prefill(compiled["prefill"])} if baseline else {}
         results["prefill_ms"] = timed(prefills, args, device, steps=max(1, args.steps // 10))
-    results["decode_profile"] = {label(name): profile_step(step(model.decode.run_trusted), device)
-                                 for name, model in plain.items()}  # fmt: skip
     first = next(iter(builds))
-    results["kernels_per_decode_step"] = (results["decode_profile"].get(label(first)) or {}).get("kernels")
-    if not (args.no_generation or args.decode_only):
+    results["kernels_per_decode_step"] = (results.get("decode_profile", {}).get(label(first)) or {}).get("kernels")
+    if not (args.no_generation or args.only):
         results["generation"] = generation(args, directory, builds[first]["out"], replayed[first], compiled, prompt,
                                            device, dtype)  # fmt: skip
     return results
@@ -220,7 +223,7 @@ def generation(
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
-    decode, prefill = results["decode_ms"], results.get("prefill_ms")
+    decode, prefill = results.get("decode_ms"), results.get("prefill_ms")
     packages = results.get("packages", ["package"])
 
     def ratio(section: dict[str, Any], a: str, b: str) -> float:
@@ -228,11 +231,12 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         return sorted(x / y for x, y in pairs)[len(section[a]["samples"]) // 2]
 
     replayed = " (CUDA graphs)" if results["device"].startswith("cuda") else ""
-    against = [BASELINE] if BASELINE in decode else []
+    against = [BASELINE] if BASELINE in (decode or prefill) else []
     header = ["", *[f"{p}{replayed}" for p in packages], *["transformers + reduce-overhead" for _ in against],
               *[f"{p} / transformers" for p in packages for _ in against]]  # fmt: skip
     rows = []
-    sections = [("decode step (ms)", decode), *([(f"prefill {args.prompt} (ms)", prefill)] if prefill else [])]
+    sections = [(title, section) for title, section in (("decode step (ms)", decode),
+                (f"prefill {args.prompt} (ms)", prefill)) if section]  # fmt: skip
     for title, section in sections:
         rows.append((title, *[f"{section[p]['median']:.3f}" for p in [*packages, *against]],
                      *[f"{ratio(section, p, b):.3f}" for p in packages for b in against]))  # fmt: skip
@@ -245,8 +249,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             + first
             + ": "
             + ", ".join(
-                f"{p}: decode {ratio(decode, p, first):.3f}"
-                + (f", prefill {ratio(prefill, p, first):.3f}" if prefill else "")
+                ", ".join(f"{title.split()[0]} {ratio(section, p, first):.3f}" for title, section in sections)
                 for p in packages[1:]
             )
         )
