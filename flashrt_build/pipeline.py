@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from .artifact import PACKAGE
 from .cache.plan import Plan, make_plan
+from .cache.publish import build_lock, publish, staging_dir
 from .cache.reuse import Reuse, check_up_to_date, decide_for_gpu, keep_built, kept_models
 from .config.schema import BuildConfig
 from .errors import quiet_known_warnings
@@ -29,7 +30,6 @@ from .stages.package import package_stage
 from .stages.passes import passes_stage
 from .stages.preflight import preflight
 from .stages.progress import StageTimer
-from .stages.publish import build_lock, publish, staging_dir
 from .stages.quantize import quantize_stage
 from .stages.threads import apply_threads
 from .stages.verify import verify_stage

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from ..artifact import MANIFEST, PACKAGE, written_files
 from ..config.schema import WeightsMode
 from ..errors import ArtifactError
 from ..runtime.hashing import altered_digest, config_sha256
 from ..runtime.manifest import read_manifest, write_manifest
-from ..stages.publish import build_lock, publish, staging_dir
 from .key import changed_ingredients
 from .plan import Plan
+from .publish import build_lock, publish, staging_dir
 from .store import Store, link_or_copy
-
-if TYPE_CHECKING:
-    from ..stages.compile import KeptModels
 
 log = logging.getLogger("flashrt_build")
 
@@ -129,16 +128,23 @@ def decide_for_gpu(plan: Plan, decided: Reuse | None) -> tuple[Plan, Reuse]:
     return keyed, decided
 
 
-def kept_models(plan: Plan) -> KeptModels:
-    """The store's compiled models, as the compile stage asks for them."""
-    from ..stages.compile import KeptModels  # imports torch, as the build has already
+@dataclass(frozen=True)
+class StoredModels:
+    """The store's compiled models, as the compile stage asks for them
+    (`stages.compile.KeptModels`): per method, (key, where it is kept)."""
 
-    store = Store(plan.spec.output_root)
-    return KeptModels(
-        plan.kept_model_keys(),
-        store.package,
-        lambda key, part: store.put("methods", key, [part]),
-    )
+    keys: Mapping[str, tuple[str, str]]
+    store: Store
+
+    def find(self, key: str, where: str) -> Path | None:
+        return self.store.package(key, where)
+
+    def keep(self, key: str, part: Path) -> None:
+        self.store.put("methods", key, [part])
+
+
+def kept_models(plan: Plan) -> StoredModels:
+    return StoredModels(plan.kept_model_keys(), Store(plan.spec.output_root))
 
 
 def keep_built(plan: Plan) -> None:

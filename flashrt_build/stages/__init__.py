@@ -21,10 +21,10 @@ its manifest sections and its log note.
     verify_worker.py   that process: loads the package as `load` does
     timing.py          optional timing there against eager and torch.compile
     assemble.py        the manifest, from the stages' sections: a draft, then the record
-    publish.py         lock, staging directory, one atomic move into place
     progress.py        a stage's result, one log line (and a live timer) per stage
     threads.py         CPU threads a build may use
 
-The config itself is `flashrt_build.config`. May import `config`, `runtime`,
+The config itself is `flashrt_build.config`; publishing into the output
+directory is `flashrt_build.cache.publish`, which the cache shares. May import `config`, `runtime`,
 `artifact` and `errors`; never `cache`, `sweep` or the pipeline.
 """

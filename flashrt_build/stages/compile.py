@@ -14,10 +14,9 @@ import io
 import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -57,14 +56,18 @@ def method_options(exported: Exported, declared: Mapping[str, Mapping[str, Any]]
     return options
 
 
-@dataclass(frozen=True)
-class KeptModels:
-    """Compiled models kept by key, handed in by the build (the cache's store):
-    per method, (key, where it is kept); `find` one, `keep` one."""
+class KeptModels(Protocol):
+    """Compiled models kept by key, as the compile stage asks for them; the
+    build hands in the cache's store (`cache.reuse.StoredModels`)."""
 
-    keys: Mapping[str, tuple[str, str]]
-    find: Callable[[str, str], Path | None]
-    keep: Callable[[str, Path], None]
+    @property
+    def keys(self) -> Mapping[str, tuple[str, str]]:
+        """Per method, (key, where its compiled model is kept)."""
+        ...
+
+    def find(self, key: str, where: str) -> Path | None: ...
+
+    def keep(self, key: str, part: Path) -> None: ...
 
 
 def compile_stage(

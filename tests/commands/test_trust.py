@@ -47,7 +47,7 @@ def test_a_file_the_build_did_not_write_is_judged_by_its_record(
 ) -> None:
     """Resolving refuses a package of another size; publishing, the swap that
     deletes, also refuses one of the same size and other bytes."""
-    from flashrt_build.stages.publish import publish
+    from flashrt_build.cache.publish import publish
 
     out = tmp_path / "build"
     shutil.copytree(mlp_build.output_dir, out)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from flashrt_build.artifact import SCHEMA
+from flashrt_build.cache.publish import publish
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError
 from flashrt_build.runtime.hashing import file_record
-from flashrt_build.stages.publish import publish
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,13 +11,13 @@ import torch
 
 import flashrt_build
 from flashrt_build.artifact import SCHEMA
+from flashrt_build.cache.publish import STAGING_PREFIX
 from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.pipeline import STAGES
 from flashrt_build.runtime.hashing import file_sha256
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_module
-from flashrt_build.stages.publish import STAGING_PREFIX
 from flashrt_build.stages.weights import tensor_sha256
 
 pytestmark = pytest.mark.slow
