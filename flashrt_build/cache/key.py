@@ -3,7 +3,9 @@
 Computed without importing torch (or the module's code), so that deciding a
 build is up to date costs a fraction of a build. Ingredients:
 
-- config: the resolved config without cosmetic keys (where to build, how to verify)
+- config: what of the config shapes the artifact, read from the spec's typed
+  fields (`keyed_config`); where it goes and how it is checked are left out
+  (`NOT_KEYED` says why for each such key)
 - module: the target's own source files (code you wrote: every .py file of its
   top-level package), or the installed distribution's name and version
 - weights: the sha256 of each checkpoint file (every shard) and of each
@@ -34,8 +36,36 @@ from ..runtime.hashing import canonical_sha256
 from .digests import DigestCache
 from .store import Store
 
-# Keys that say where a build goes and how it is checked, not what it is.
-COSMETIC_KEYS = ("output_root", "output_dir", "variant", "verify", "force", "threads", "python_path")
+# The config keys the key leaves out, each with why; every other key of the
+# schema reaches `keyed_config` through the spec (tests/cache/test_key.py
+# checks the schema against this and `keyed_config` key by key).
+NOT_KEYED = {
+    "output_root": "where the build goes",
+    "output_dir": "where the build goes",
+    "variant": "where the build goes",
+    "force": "whether to build, not what",
+    "threads": "how fast it builds",
+    "python_path": "where the module's code is found; the code itself is the `module` ingredient",
+    "verify": "how the package is checked before publishing, not what it is",
+    "allowed_targets": "a check the config passes before anything runs",
+    "seed": "keys the weights (the `weights` ingredient): random initialisation",
+    "module.checkpoint": "keyed by its files' digests (the `weights` ingredient), not where it is",
+    "module.files": "keyed by their digests (the `weights` ingredient), not where they are",
+    "module.pretrained": "reaches the graph through `module.model` and `module.methods` it is interpolated into",
+    "module.max_cache_len": "reaches the graph through `module.model` and `module.methods`",
+    "module.max_prompt": "reaches the graph through `module.methods`",
+    "module.batch": "reaches the graph through `module.model` and `module.methods`",
+    "target.name": "a label: the device, dtype and TF32 policy it sets are keyed",
+    "inductor.name": "a label: the options it sets are keyed",
+    "target.march": "reaches the graph as `inductor.options.cpp.march` where it applies (a CPU target)",
+    "toolchain.cxx": "reaches the graph as `inductor.options.cpp.cxx`; its version is the `toolchain` ingredient",
+    "quant.devices": "a check the config passes before anything runs",
+    "quant.min_capability": "a check the config passes before anything runs",
+    "quant.inductor": "reaches the graph merged into the Inductor options (`inductor.options`, `inductor.methods`)",
+    "quant.max_rel_error": "judges the package, not its bytes: the build key's `judged`, not the graph's",
+    "serve.cuda_graphs": "the loader's default: the build key's `serve`, not the graph's",
+    "serve.max_graphs": "the loader's default: the build key's `serve`, not the graph's",
+}
 # Ingredients of the build key that leave the compiled graph as it is: the
 # weights, the loader's defaults, the bounds the package is judged by.
 BUILD_ONLY = ("weights", "serve", "judged")
@@ -59,18 +89,7 @@ def key_ingredients(
     keys, the module's code (`source`), every file the build reads (`digests`,
     by label), the toolchain's key fields (of its one description) and this
     tool's source."""
-    config = {k: v for k, v in spec.config.items() if k not in COSMETIC_KEYS and k not in ("seed", "serve")}
-    # Of the serving keys only the state's mode shapes the graph; the loader's
-    # defaults are the manifest's alone (toggling them never recompiles).
-    config["serve"] = {"state": spec.state_mode.value}
-    # The checkpoint and the files served beside the package key the weights (their digests, below), not the
-    # graph; any other path the build reads is keyed by what it holds, not where it is (a model saved elsewhere).
-    module = {k: v for k, v in spec.config["module"].items() if k not in ("checkpoint", "files")}
-    read = {str(_at(spec.config, f.key)) for f in spec.input_files if f.key.startswith("module.model.")}
-    config["module"] = _content_keyed(module, read)
-    # The recipe shapes the compiled graph; its error bound only judges the
-    # package: in the build key (a tighter bound is checked again), not the graph's.
-    config["quant"] = {k: v for k, v in spec.config["quant"].items() if k != "max_rel_error"}
+    config = keyed_config(spec)
     own_sha, _ = source_tree_sha256(str(Path(__file__).resolve().parents[1]))  # all of flashrt_build
     kinds = {f.label: f.kind for f in spec.input_files}
     ingredients = {
@@ -98,6 +117,44 @@ def key_ingredients(
     return json.loads(json.dumps(ingredients, default=str))
 
 
+def keyed_config(spec: BuildSpec) -> dict[str, Any]:
+    """What of the config shapes the artifact, from the spec's typed fields:
+    the module's inputs as the package takes them (float inputs in the target
+    dtype), Inductor's options as each compile gets them (the profile's, the
+    recipe's and the target's merged), TF32 as the calls run under it."""
+    # Any path the build reads is keyed by what it holds, not where it is (a model saved elsewhere).
+    read = {str(_at(spec.model, f.key.removeprefix("module.model."))) for f in spec.input_files
+            if f.key.startswith("module.model.")}  # fmt: skip
+    return {
+        "module": {
+            "name": spec.name,
+            "model": _content_keyed(dict(spec.model), read),
+            "methods": {
+                m.name: {
+                    "attr": m.attr,
+                    "model": m.model,
+                    "inputs": [i.to_json() for i in m.inputs],
+                    "kwargs": dict(m.kwargs),
+                }  # fmt: skip
+                for m in spec.methods
+            },
+            "checkpoint_rename": [list(rule) for rule in spec.checkpoint_rename],
+        },
+        "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
+        "inductor": {
+            "options": dict(spec.inductor_options),
+            "methods": {name: dict(options) for name, options in spec.method_inductor_options.items()},
+        },
+        "quant": None if spec.quant is None else spec.quant.to_json(),  # its name and rules
+        "passes": {"name": spec.passes, "fuse_projections": spec.fuse_projections},
+        "weights": spec.weights.value,
+        # Of the serving keys only the state's mode shapes the graph; the loader's
+        # defaults are the build key's alone (toggling them never recompiles).
+        "serve": {"state": spec.state_mode.value},
+        "release": spec.release,
+    }
+
+
 def key_fields(toolchain: Mapping[str, Any]) -> dict[str, Any]:
     """What of a toolchain description the build key hashes: the GPU's
     architecture, not which card (a build on cuda:1 is the build on cuda:0)."""
@@ -107,8 +164,7 @@ def key_fields(toolchain: Mapping[str, Any]) -> dict[str, Any]:
     return key
 
 
-def _at(config: Mapping[str, Any], key: str) -> Any:
-    node: Any = config
+def _at(node: Any, key: str) -> Any:
     for part in key.split("."):
         node = node[int(part)] if isinstance(node, list) else node.get(part)
     return node
@@ -139,29 +195,18 @@ def method_keys(ingredients: dict[str, Any]) -> dict[str, str]:
     own compiled model depends on, so changing one method's inputs changes
     that method's key only. A baked model holds the weights, so its key
     includes them."""
-    methods = ingredients["config"]["module"].get("methods") or {}
+    config = ingredients["config"]
     keys = {}
-    for name, method in methods.items():
+    for name, method in config["module"]["methods"].items():
         own = {k: v for k, v in ingredients.items() if k not in BUILD_ONLY}
-        config = own["config"]
-        # Its compile's options, not the profile's name: a profile that
+        # Its compile's options, not the other methods': a profile that
         # changes only decode's options leaves prefill's key as it was.
-        own["config"] = {
-            **config,
-            "module": {**config["module"], "methods": {name: method}},
-            "inductor": _own_options(config["inductor"], name),
-            "quant": {**config["quant"], "inductor": _own_options(config["quant"].get("inductor") or {}, name)},
-        }
-        if ingredients["config"]["weights"] == "baked":
+        inductor = {**config["inductor"], "methods": {name: config["inductor"]["methods"].get(name)}}
+        own["config"] = {**config, "module": {**config["module"], "methods": {name: method}}, "inductor": inductor}
+        if config["weights"] == "baked":
             own["weights"] = ingredients["weights"]
         keys[name] = canonical_sha256({"method": name, **own})
     return keys
-
-
-def _own_options(inductor: dict[str, Any], method: str) -> dict[str, Any]:
-    """An Inductor section as one method's compile sees it: the options for
-    all methods and its own, not the other methods'."""
-    return {"options": inductor.get("options"), "methods": {method: (inductor.get("methods") or {}).get(method)}}
 
 
 def changed_ingredients(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
