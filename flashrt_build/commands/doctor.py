@@ -133,7 +133,7 @@ def find_working_compiler(overrides: Sequence[str], failing: str) -> str | None:
 
 def run(overrides: Sequence[str]) -> list[Check]:
     spec = resolve_spec(compose(["+module=mlp", *overrides]))
-    print(f"flashrt_build doctor: target {spec.config['target']['name']} ({spec.device}, {spec.dtype})", flush=True)
+    print(f"flashrt_build doctor: target {spec.target_name} ({spec.device}, {spec.dtype})", flush=True)
     checks: list[Check] = []
 
     def report(check: Check) -> None:

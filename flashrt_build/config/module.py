@@ -31,6 +31,7 @@ class ModuleSpec:
     checkpoint_rename: tuple[tuple[str, str], ...]  # (pattern, replacement), first match wins
     files: list[InputFile]  # the checkpoint's and the served files: inputs of the key
     import_paths: tuple[Path, ...]  # python_path's directories, then the working directory
+    allowed_targets: tuple[str, ...]  # the effective allow-list (the release profile's included); (): any
 
 
 def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> ModuleSpec:
@@ -54,7 +55,8 @@ def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> Mod
     files += problems.check(served_files, "module.files", module.get("files") or [], cwd) or []
     import_paths = _import_paths(config.get("python_path") or [], cwd, problems)
     config["python_path"] = [str(path) for path in import_paths]  # recorded: repro imports from there too
-    return ModuleSpec(name, model, str(target), methods, checkpoint, rename, files, import_paths)
+    allowed = tuple(allowed_targets(config))
+    return ModuleSpec(name, model, str(target), methods, checkpoint, rename, files, import_paths, allowed)
 
 
 def _check_targets(config: Mapping[str, Any], model: Any, problems: Problems) -> None:

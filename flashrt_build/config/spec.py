@@ -67,7 +67,7 @@ class BuildSpec:
     release: bool
     force: bool
     threads: int | None
-    config: Mapping[str, Any]  # the resolved config, JSON-ready
+    config: Mapping[str, Any]  # the resolved config, JSON-ready: the manifest's record, read by nothing else
     state_mode: StateMode = StateMode.in_place
     cuda_graphs: bool = False  # the loader's default (serve.cuda_graphs)
     max_graphs: int = 8
@@ -77,6 +77,8 @@ class BuildSpec:
     passes: str = "none"  # the `passes` group's name
     fuse_projections: bool = False  # passes.fuse_projections
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
+    allowed_targets: tuple[str, ...] = ()  # the effective allow-list of `_target_`s; (): any
+    target_name: str = ""  # the target profile's name (`target.name`)
 
     @property
     def default_method(self) -> MethodSpec:
@@ -151,6 +153,8 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         passes=str(config["passes"]["name"]),
         fuse_projections=bool(config["passes"]["fuse_projections"]),
         import_paths=module.import_paths,
+        allowed_targets=module.allowed_targets,
+        target_name=str(config["target"]["name"]),
         **checks,
     )
 

@@ -18,7 +18,7 @@ from hydra._internal.utils import _locate
 from ..config.problems import Problems, raise_all
 from ..config.schema import WeightsMode
 from ..config.spec import BuildSpec
-from ..config.targets import allowed_targets, find_targets, target_allowed
+from ..config.targets import find_targets, target_allowed
 from ..errors import ConfigError, first_lines
 from ..runtime.load import attribute_names
 from .compile import FORCED_OPTIONS, mode_options
@@ -86,7 +86,7 @@ def check_targets(spec: BuildSpec) -> None:
     """Every `_target_` of the module, at any depth, located and, when
     `allowed_targets` (or the release profile) restricts them, checked by what
     the object really is, before anything is instantiated."""
-    patterns = allowed_targets(spec.config)
+    patterns = list(spec.allowed_targets)
     for key, target in find_targets(spec.model, "module.model"):
         obj = locate_target(target, key)
         if not patterns:
