@@ -98,7 +98,7 @@ def _run_stages(plan: Plan) -> BuildResult:
              spec.weights.value, spec.output_dir)  # fmt: skip
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
     originals = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
-    if spec.passes != "none":
+    if spec.fuse_projections or spec.grouped_attention:
         timer.run("passes", passes_stage, module, spec)
     timer.run("inputs", inputs_stage, module, spec)
     exported = timer.run("export", export_stage, module, spec)

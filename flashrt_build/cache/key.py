@@ -146,7 +146,11 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "methods": {name: dict(options) for name, options in spec.method_inductor_options.items()},
         },
         "quant": None if spec.quant is None else spec.quant.to_json(),  # its name and rules
-        "passes": {"name": spec.passes, "fuse_projections": spec.fuse_projections},
+        "passes": {
+            "name": spec.passes,
+            "fuse_projections": spec.fuse_projections,
+            **({"grouped_attention": True} if spec.grouped_attention else {}),
+        },  # fmt: skip
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's
         # defaults are the build key's alone (toggling them never recompiles).

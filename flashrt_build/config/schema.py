@@ -233,6 +233,8 @@ class PassesConfig:
     # Linear layers that read the same input (attention's q/k/v, an MLP's
     # gate/up) become one matmul over their concatenated weights.
     fuse_projections: bool = False
+    # Grouped-query attention over the KV cache as it is, not a copy per query head.
+    grouped_attention: bool = False
 
 
 @dataclass

@@ -76,6 +76,7 @@ class BuildSpec:
     quant: QuantRecipe | None = None  # None: weights as the module holds them
     passes: str = "none"  # the `passes` group's name
     fuse_projections: bool = False  # passes.fuse_projections
+    grouped_attention: bool = False  # passes.grouped_attention
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
     allowed_targets: tuple[str, ...] = ()  # the effective allow-list of `_target_`s; (): any
     target_name: str = ""  # the target profile's name (`target.name`)
@@ -152,6 +153,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         quant=compiler.quant,
         passes=str(config["passes"]["name"]),
         fuse_projections=bool(config["passes"]["fuse_projections"]),
+        grouped_attention=bool(config["passes"]["grouped_attention"]),
         import_paths=module.import_paths,
         allowed_targets=module.allowed_targets,
         target_name=str(config["target"]["name"]),

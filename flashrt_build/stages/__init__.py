@@ -7,6 +7,7 @@ its manifest sections and its log note.
     checkpoint.py      a checkpoint streamed into the module, names renamed, tied weights given once
     quantize.py        quantize its Linear weights by the `quant` recipe (torchao)
     passes.py          graph passes on the module before export: projections fused
+    attention.py       the grouped_attention pass: grouped-query attention without copying the cache
     domain.py          the config's inputs against the eager module, before the compile
     inputs.py          seeded example inputs and torch.export dynamic shapes
     export.py          torch.export: one graph per method or an error naming the cause

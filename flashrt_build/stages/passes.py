@@ -7,6 +7,9 @@ concatenated weights, its output split after it: a one-token decode step
 launches one larger GEMM instead of two or three small ones. The fused
 weight is a parameter of the layers' parent (`...self_attn.q_proj__k_proj__v_proj.weight`);
 the manifest maps its rows back to the checkpoint's tensors.
+
+`grouped_attention` (attention.py): grouped-query attention over the KV
+cache as it is, not copied per query head.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from torch import nn
 
 from ..config.spec import BuildSpec
+from .attention import group_attention
 from .domain import preserved_buffers
 from .export import calling
 from .inputs import make_inputs
@@ -43,14 +47,20 @@ class Group:
 
 def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
     """Apply the config's passes to `module` in place; the manifest's `passes`."""
-    if not spec.fuse_projections:
-        return Stage(None, "none")
-    groups = projection_groups(module, spec)
-    fused = [fuse(module, group) for group in groups]
-    calls = sum(len(g.members) for g in groups)
-    note = f"fuse_projections: {calls} linear layers into {len(groups)} matmuls" if groups else "nothing to fuse"
-    section = {"name": spec.passes, "fuse_projections": {"linear_calls_cut": calls - len(groups), "fused": fused}}
-    return Stage(None, note, {"passes": section})
+    section: dict[str, Any] = {"name": spec.passes}
+    notes = []
+    if spec.fuse_projections:
+        groups = projection_groups(module, spec)
+        fused = [fuse(module, group) for group in groups]
+        calls = sum(len(g.members) for g in groups)
+        notes.append(f"fuse_projections: {calls} linear layers into {len(groups)} matmuls" if groups else
+                     "nothing to fuse")  # fmt: skip
+        section["fuse_projections"] = {"linear_calls_cut": calls - len(groups), "fused": fused}
+    if spec.grouped_attention:
+        switched = group_attention(module)
+        notes.append(f"grouped_attention: {switched} model(s)" if switched else "grouped_attention: no grouped heads")
+        section["grouped_attention"] = {"models": switched}
+    return Stage(None, "; ".join(notes) or "none", {"passes": section} if len(section) > 1 else {})
 
 
 def projection_groups(module: nn.Module, spec: BuildSpec) -> list[Group]:

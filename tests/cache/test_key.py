@@ -70,6 +70,7 @@ KEYED = {
     "quant.rules": ("mlp", [], ["quant=int8_wo"]),
     "passes.name": ("mlp", [], ["passes.name=mine"]),
     "passes.fuse_projections": ("mlp", [], ["passes.fuse_projections=true"]),
+    "passes.grouped_attention": ("mlp", [], ["passes.grouped_attention=true"]),
     "weights": ("mlp", [], ["weights=external"]),
     "serve.state": ("tiny_lm", [], ["serve.state=threaded"]),
     "release": ("mlp", [], ["release=true"]),

@@ -134,3 +134,57 @@ def test_quantized_layers_are_left_as_the_recipe_made_them(llama: tuple[Path, Pa
     stage = passes_stage(module, plan.spec)
     assert stage.note == "nothing to fuse" and stage.sections["passes"]["fuse_projections"]["fused"] == []
     assert {name: type(m) for name, m in module.named_modules()} == before
+
+
+def test_grouped_attention_gives_transformers_sdpa_outputs_without_its_copies() -> None:
+    """The folded attention against transformers' own SDPA (which copies each
+    KV head per query head under a mask): a decode row, a prefill block under
+    a causal mask with padding, and the cases it hands back to SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from flashrt_build.stages.attention import grouped_sdpa
+
+    torch.manual_seed(0)
+    layer = nn.Module()
+    layer.num_key_value_groups, layer.is_causal = 4, True
+    key, value = torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)
+    for length in (1, 5):
+        query = torch.randn(2, 8, length, 16)
+        mask = torch.ones(2, 1, length, 12, dtype=torch.bool).tril(12 - length)
+        mask[1, :, :, :3] = False  # the second sequence padded on the left
+        for given in (mask, None):
+            expected, _ = sdpa_attention_forward(layer, query, key, value, given, scaling=0.25)
+            got, _ = grouped_sdpa(layer, query, key, value, given, scaling=0.25)
+            assert got.shape == (2, length, 8, 16) and torch.allclose(got, expected, atol=1e-5), (length, given)
+
+
+@pytest.mark.slow
+def test_a_grouped_attention_package_verifies_generates_and_copies_no_cache(llama: tuple[Path, Path]) -> None:
+    """`passes.grouped_attention=true`: the package verified and giving
+    transformers' tokens, its graphs without the per-head copies of the cache."""
+    from flashrt_build.stages.export import export_stage
+
+    model_dir, root = llama
+    overrides = llm_overrides(model_dir, root, "passes.grouped_attention=true")
+    result = flashrt_build.build(compose(overrides))
+    assert result.manifest["verification"]["passed"] is True
+    assert result.manifest["passes"] == {"name": "none", "grouped_attention": {"models": 1}}
+    tokens = flashrt_build.generate(flashrt_build.load(result.output_dir), PROMPT, 9).tokens
+    assert tokens.tolist() == transformers_tokens(model_dir, PROMPT, 9).tolist()
+
+    def cache_copies(*more: str) -> dict[str, int]:
+        """Per method, the tensors of (batch, query heads, cache length, head dim): the cache copied per head."""
+        plan = make_plan(compose(llm_overrides(model_dir, root, *more)))
+        module = instantiate_stage(plan.spec, plan.digests).value
+        passes_stage(module, plan.spec)
+        return {
+            e.method.name: sum(
+                1
+                for n in e.program.graph.nodes
+                if n.op == "call_function" and tuple(getattr(n.meta.get("val"), "shape", ())) == (1, 4, 32, 16)
+            )  # fmt: skip
+            for e in export_stage(module, plan.spec).value
+        }
+
+    assert cache_copies() == {"prefill": 4, "decode": 4}  # k and v of 2 layers, for 4 query heads over 2 KV heads
+    assert cache_copies("passes.grouped_attention=true") == {"prefill": 0, "decode": 0}
