@@ -99,3 +99,31 @@ def test_replayed_greedy_tokens_equal_transformers_bf16_eager(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["tokens"] == tokens[0].tolist()
+
+
+def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
+    trained_llama: tuple[flashrt_build.BuildResult, Path, torch.Tensor],
+) -> None:
+    """Fused projections and grouped attention (its CUDA kernels under a mask,
+    which the CPU tests cannot reach), verified and greedy as transformers."""
+    result, directory, _ = trained_llama
+    passes = flashrt_build.build(
+        compose(
+            [
+                "+module=causal_lm",
+                f"module.pretrained={directory}",
+                "module.max_cache_len=128",
+                "module.max_prompt=64",
+                "target=cuda",
+                "weights=external",
+                "serve.cuda_graphs=true",
+                f"output_root={result.output_dir.parents[1]}",
+                "passes=llm",
+                "passes.grouped_attention=true",
+            ]
+        )  # fmt: skip
+    )
+    assert passes.manifest["verification"]["passed"] and passes.manifest["passes"]["grouped_attention"]["models"] == 1
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2)).cuda()
+    tokens = flashrt_build.generate(flashrt_build.load(passes.output_dir), prompt, 64).tokens
+    assert torch.equal(tokens, transformers_bf16_tokens(directory, prompt, 64))
