@@ -38,8 +38,11 @@ def grouped_sdpa(
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     mask = attention_mask
+    # SDPA's own path where folding does not apply: no grouping, dropout, a
+    # float or per-head mask, attention sinks, heads of other widths.
     plain = mask is None or mask.dim() != 4 or mask.shape[1] != 1 or mask.dtype != torch.bool
-    if heads == kv_heads or dropout or plain or kwargs.get("s_aux") is not None or key.shape[-1] != dim:
+    widths = {key.shape[-1], value.shape[-1]} != {dim}
+    if heads == kv_heads or dropout or plain or kwargs.get("s_aux") is not None or widths:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
