@@ -16,6 +16,11 @@ reduce-overhead; then `--prompt` + `--new` tokens, greedy, in Python, in C++
 (flashrt-generate) and through reduce-overhead, the tokens compared with
 transformers' own eager `generate`. Kernels per decode step are counted
 from a plain (graph-free) call. Figures: bench/results/causal_lm.{md,json}.
+
+More packages side by side: `--passes none,llm` (one per `passes` group) and
+`--variant LABEL:OVERRIDES` (any overrides, e.g. per-method Inductor options);
+`--only decode` (or `prefill`) builds and times that method alone, for a
+device run that must fit its time limit.
 """
 
 from __future__ import annotations
