@@ -44,7 +44,8 @@ def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> Mod
     target = model.get("_target_") if isinstance(model, dict) else None
     if not isinstance(target, str) or not target:
         problems.append(ConfigError("module.model._target_", target, "expected a dotted import path"))
-    _check_targets(config, model, problems)
+    allowed = allowed_targets(config)
+    _check_targets(config, model, allowed, problems)
     methods = resolve_methods(module, problems.check)
     given = module.get("checkpoint")
     checkpoint = None
@@ -55,13 +56,11 @@ def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> Mod
     files += problems.check(served_files, "module.files", module.get("files") or [], cwd) or []
     import_paths = _import_paths(config.get("python_path") or [], cwd, problems)
     config["python_path"] = [str(path) for path in import_paths]  # recorded: repro imports from there too
-    allowed = tuple(allowed_targets(config))
-    return ModuleSpec(name, model, str(target), methods, checkpoint, rename, files, import_paths, allowed)
+    return ModuleSpec(name, model, str(target), methods, checkpoint, rename, files, import_paths, tuple(allowed))
 
 
-def _check_targets(config: Mapping[str, Any], model: Any, problems: Problems) -> None:
-    """Every `_target_` at any depth: a dotted path, on the allow-list as written."""
-    allowed = allowed_targets(config)
+def _check_targets(config: Mapping[str, Any], model: Any, allowed: list[str], problems: Problems) -> None:
+    """Every `_target_` at any depth: a dotted path, on the allow-list (`allowed`) as written."""
     for key, value in find_targets(model, "module.model"):
         if not isinstance(value, str) or not value:
             if key != "module.model._target_":  # the module's own is reported by resolve_module
