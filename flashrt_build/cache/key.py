@@ -135,7 +135,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
                     "model": m.model,
                     "inputs": [i.to_json() for i in m.inputs],
                     "kwargs": dict(m.kwargs),
-                }  # fmt: skip
+                }
                 for m in spec.methods
             },
             "checkpoint_rename": [list(rule) for rule in spec.checkpoint_rename],
@@ -149,8 +149,8 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
         "passes": {
             "name": spec.passes,
             "fuse_projections": spec.fuse_projections,
-            **({"grouped_attention": True} if spec.grouped_attention else {}),
-        },  # fmt: skip
+            "grouped_attention": spec.grouped_attention,
+        },
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's
         # defaults are the build key's alone (toggling them never recompiles).
