@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,6 +41,16 @@ def fused_module(model_dir: Path, root: Path) -> tuple[nn.Module, nn.Module, dic
     original = copy.deepcopy(module)
     stage = passes_stage(module, plan.spec)
     return original, module, stage.sections["passes"]
+
+
+def exported_after_passes(model_dir: Path, root: Path, *more: str) -> tuple[Any, list[Any]]:
+    """The plan of these overrides, and its methods exported after its passes ran."""
+    from flashrt_build.stages.export import export_stage
+
+    plan = make_plan(compose(llm_overrides(model_dir, root, *more)))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    passes_stage(module, plan.spec)
+    return plan, export_stage(module, plan.spec).value
 
 
 def test_fusing_projections_keeps_the_outputs_and_maps_every_row_back(llama: tuple[Path, Path]) -> None:
@@ -108,12 +119,8 @@ def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Pa
     swapped = flashrt_build.generate(flashrt_build.load(result.output_dir, weights=other), PROMPT, 9).tokens
     assert swapped.tolist() == transformers_tokens(other, PROMPT, 9).tolist() != tokens.tolist()
     # the graph: 2 layers x (qkv, o, gate/up, down) + lm_head matmuls, against 2 x 7 + 1 unfused
-    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm")))
-    module = instantiate_stage(plan.spec, plan.digests).value
-    passes_stage(module, plan.spec)
-    from flashrt_build.stages.export import export_stage
-
-    for exported in export_stage(module, plan.spec).value:
+    plan, methods = exported_after_passes(model_dir, root, "passes=llm")
+    for exported in methods:
         linears = [n for n in exported.program.graph.nodes if n.target is torch.ops.aten.linear.default]
         assert len(linears) == 2 * 4 + 1, exported.method.name
     # turning the pass off is a different build, in the key
@@ -162,8 +169,6 @@ def test_grouped_attention_gives_transformers_sdpa_outputs_without_its_copies() 
 def test_a_grouped_attention_package_verifies_generates_and_copies_no_cache(llama: tuple[Path, Path]) -> None:
     """`passes.grouped_attention=true`: the package verified and giving
     transformers' tokens, its graphs without the per-head copies of the cache."""
-    from flashrt_build.stages.export import export_stage
-
     model_dir, root = llama
     overrides = llm_overrides(model_dir, root, "passes.grouped_attention=true")
     result = flashrt_build.build(compose(overrides))
@@ -174,16 +179,13 @@ def test_a_grouped_attention_package_verifies_generates_and_copies_no_cache(llam
 
     def cache_copies(*more: str) -> dict[str, int]:
         """Per method, the tensors of (batch, query heads, cache length, head dim): the cache copied per head."""
-        plan = make_plan(compose(llm_overrides(model_dir, root, *more)))
-        module = instantiate_stage(plan.spec, plan.digests).value
-        passes_stage(module, plan.spec)
         return {
             e.method.name: sum(
                 1
                 for n in e.program.graph.nodes
                 if n.op == "call_function" and tuple(getattr(n.meta.get("val"), "shape", ())) == (1, 4, 32, 16)
-            )  # fmt: skip
-            for e in export_stage(module, plan.spec).value
+            )
+            for e in exported_after_passes(model_dir, root, *more)[1]
         }
 
     assert cache_copies() == {"prefill": 4, "decode": 4}  # k and v of 2 layers, for 4 query heads over 2 KV heads
