@@ -1,4 +1,4 @@
-"""The pipeline: config -> plan -> preflight -> module -> passes -> inputs -> exported
+"""The pipeline: config -> plan -> preflight -> module -> passes -> quantize -> inputs -> exported
 -> compiled -> package -> verified -> manifest -> published. Each stage is a
 function in its own module returning its value, its manifest sections and
 its log note; this file only strings them together."""
@@ -37,9 +37,9 @@ from .stages.verify import verify_stage
 log = logging.getLogger("flashrt_build")
 
 # The stages a build times, in the order it runs them (the manifest's
-# `timings`, the log's lines); `quantize` and `passes` only when chosen, `verify` unless
+# `timings`, the log's lines); `passes` and `quantize` only when chosen, `verify` unless
 # it is off; a compile of several methods is timed per method ("compile NAME").
-STAGES = ("instantiate", "quantize", "passes", "inputs", "export", "compile", "package", "verify", "manifest")
+STAGES = ("instantiate", "passes", "quantize", "inputs", "export", "compile", "package", "verify", "manifest")
 
 
 @dataclass
@@ -97,9 +97,9 @@ def _run_stages(plan: Plan) -> BuildResult:
     log.info("building %s <%s> for %s/%s, weights %s -> %s", spec.name, spec.target, spec.device, spec.dtype,
              spec.weights.value, spec.output_dir)  # fmt: skip
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
-    originals = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
-    if spec.fuse_projections or spec.grouped_attention:
+    if spec.fuse_projections or spec.grouped_attention:  # before quantizing: fused float weights, quantized as one
         timer.run("passes", passes_stage, module, spec)
+    originals = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
     timer.run("inputs", inputs_stage, module, spec)
     exported = timer.run("export", export_stage, module, spec)
     # Builds of one output dir take turns from here to publishing; the stages

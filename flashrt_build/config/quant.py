@@ -4,6 +4,7 @@ module is `stages/quantize.py`."""
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,10 @@ class QuantRecipe:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "rules": [r.to_json() for r in self.rules]}
+
+    def rule_for(self, name: str) -> QuantRule | None:
+        """The rule that decides the Linear module `name`: the first whose pattern matches."""
+        return next((r for r in self.rules if fnmatch.fnmatchcase(name, r.pattern)), None)
 
 
 def resolve_quant(quant: Mapping[str, Any], device: str, problems: list[ConfigError]) -> QuantRecipe | None:

@@ -5,8 +5,9 @@ its manifest sections and its log note.
     preflight.py       the config's checks that need torch: options, device, method names, targets
     module.py          instantiate the module, cast it (checkpoint.py: load its weights strictly)
     checkpoint.py      a checkpoint streamed into the module, names renamed, tied weights given once
-    quantize.py        quantize its Linear weights by the `quant` recipe (torchao)
     passes.py          graph passes on the module before export: projections fused
+    fused.py           the fused projections' layers: one Linear for the group, a slice for each member
+    quantize.py        quantize its Linear weights by the `quant` recipe (torchao), a fused one by its members' rule
     attention.py       the grouped_attention pass: grouped-query attention without copying the cache
     domain.py          the config's inputs against the eager module, before the compile
     inputs.py          seeded example inputs and torch.export dynamic shapes

@@ -6,7 +6,10 @@ every later stage, verification included, sees their result.
 concatenated weights, its output split after it: a one-token decode step
 launches one larger GEMM instead of two or three small ones. The fused
 weight is a parameter of the layers' parent (`...self_attn.q_proj__k_proj__v_proj.weight`);
-the manifest maps its rows back to the checkpoint's tensors.
+the manifest maps its rows back to the checkpoint's tensors. It runs before
+a `quant` recipe, which quantizes the fused weight by its members' rule: only
+layers one rule decides are fused, and only where quantizing them as one
+changes no row (a scale per row, not per tensor).
 
 `grouped_attention` (attention.py): grouped-query attention over the KV
 cache as it is, not copied per query head.
@@ -24,8 +27,10 @@ from ..config.spec import BuildSpec
 from .attention import group_attention
 from .domain import preserved_buffers
 from .export import calling
+from .fused import FusedLinear, FusedSlice
 from .inputs import make_inputs
 from .progress import Stage
+from .quantize import rows_kept_apart, torchao_configs
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,14 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
     section: dict[str, Any] = {"name": spec.passes}
     notes = []
     if spec.fuse_projections:
-        groups = projection_groups(module, spec)
+        groups, left = quantized_alike(module, projection_groups(module, spec), spec)
         fused = [fuse(module, group) for group in groups]
         calls = sum(len(g.members) for g in groups)
         notes.append(f"fuse_projections: {calls} linear layers into {len(groups)} matmuls" if groups else
                      "nothing to fuse")  # fmt: skip
-        section["fuse_projections"] = {"linear_calls_cut": calls - len(groups), "fused": fused}
+        if left:
+            notes.append(f"{len(left)} group(s) left unfused: {left[0]['why']}")
+        section["fuse_projections"] = {"linear_calls_cut": calls - len(groups), "fused": fused, "left": left}
     if spec.grouped_attention:
         switched = group_attention(module)
         notes.append(f"grouped_attention: {switched} model(s)" if switched else "grouped_attention: no grouped heads")
@@ -65,8 +72,8 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
 
 def projection_groups(module: nn.Module, spec: BuildSpec) -> list[Group]:
     """The groups of plain `nn.Linear` layers (two or more, one parent, the
-    same input size, dtype and bias) that each method's example call feeds
-    the very same input tensor, each layer called once."""
+    same input size, dtype and bias, decided by one `quant` rule) that each
+    method's example call feeds the very same input tensor, each layer called once."""
     calls: list[tuple[torch.Tensor, str]] = []  # (input, layer), the inputs kept alive: ids stay unique
     names: dict[nn.Module, str] = {
         m: n for n, m in module.named_modules() if type(m) is nn.Linear and type(m.weight) is nn.Parameter
@@ -95,20 +102,48 @@ def projection_groups(module: nn.Module, spec: BuildSpec) -> list[Group]:
     groups = []
     for members in by_input.values():
         once = [m for m in dict.fromkeys(members) if times[m] == len(spec.methods)]
-        for kept in _compatible(once, layers):
+        for kept in _compatible(once, layers, spec):
             groups.append(Group(tuple(kept)))
     return [g for g in dict.fromkeys(groups) if len(g.members) > 1]
 
 
-def _compatible(members: list[str], layers: dict[str, nn.Module]) -> list[list[str]]:
-    """`members` split into runs that can share one matmul."""
+def _compatible(members: list[str], layers: dict[str, nn.Module], spec: BuildSpec) -> list[list[str]]:
+    """`members` split into runs that can share one matmul (and one `quant` rule)."""
     runs: dict[tuple[Any, ...], list[str]] = {}
     for name in members:
         layer = layers[name]
         assert isinstance(layer, nn.Linear)
-        kind = (name.rpartition(".")[0], layer.in_features, layer.weight.dtype, layer.weight.device, layer.bias is None)
+        rule = spec.quant.rule_for(name) if spec.quant is not None else None
+        kind = (name.rpartition(".")[0], layer.in_features, layer.weight.dtype, layer.weight.device,
+                layer.bias is None, rule and rule.key)  # fmt: skip
         runs.setdefault(kind, []).append(name)
     return list(runs.values())
+
+
+def quantized_alike(module: nn.Module, groups: list[Group], spec: BuildSpec) -> tuple[list[Group], list[dict]]:
+    """The groups whose fused weight the `quant` recipe quantizes row for row
+    as it would each layer's alone, and the others, each with why."""
+    if spec.quant is None:
+        return groups, []
+    rules, configs = spec.quant.rules, torchao_configs(spec.quant, spec.device)
+    kept, left, probed = [], [], {}
+    for group in groups:
+        layers = [layer for m in group.members if isinstance(layer := module.get_submodule(m), nn.Linear)]
+        rule = spec.quant.rule_for(group.members[0])
+        config = None if rule is None else configs[rules.index(rule)]
+        if config is None:  # kept float (`skip`, or no rule): fused as it is
+            kept.append(group)
+            continue
+        assert rule is not None
+        rows = [layer.out_features for layer in layers]
+        key = (rule.key, tuple(rows), layers[0].weight.shape[1], layers[0].weight.dtype, layers[0].weight.device)
+        if key not in probed:
+            probed[key] = rows_kept_apart(config, rows, layers[0].weight)
+        if probed[key] is None:
+            kept.append(group)
+        else:
+            left.append({"layers": list(group.members), "rule": rule.key, "why": probed[key]})
+    return kept, left
 
 
 def fuse(module: nn.Module, group: Group) -> dict[str, Any]:
@@ -118,9 +153,8 @@ def fuse(module: nn.Module, group: Group) -> dict[str, Any]:
     layers = [layer for m in group.members if isinstance(layer := module.get_submodule(m), nn.Linear)]
     rows = [layer.out_features for layer in layers]
     biases = [layer.bias.detach() for layer in layers if layer.bias is not None]
-    shared = FusedLinear(
-        torch.cat([layer.weight.detach() for layer in layers]), torch.cat(biases) if biases else None, rows
-    )
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    shared = FusedLinear(weight, torch.cat(biases) if biases else None, rows, group.members)
     local = group.fused.rpartition(".")[2]
     parent.add_module(local, shared)
     for index, member in enumerate(group.members):
@@ -133,49 +167,3 @@ def fuse(module: nn.Module, group: Group) -> dict[str, Any]:
     if shared.bias is not None:
         record["bias"] = f"{group.fused}.bias"
     return record
-
-
-class FusedLinear(nn.Module):
-    """The group's layers as one: computed once per input, each slice served
-    to the layer it stands for. A new input (or one changed in place since)
-    computes again, so a call that feeds the layers different inputs still
-    gets each its own right output."""
-
-    rows: list[int]
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: list[int]) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.rows = rows
-        # [input, its version, the outputs, slices served]; a list, changed in
-        # place: export sees no module attribute assigned during the trace
-        self._last: list[Any] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
-
-    def slice_of(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        if not self._last or self._last[0] is not x or self._last[1] != x._version:
-            self._last[:] = [x, x._version, self(x).split(self.rows, dim=-1), 0]
-        out = self._last[2][index]
-        self._last[3] += 1
-        if self._last[3] == len(self.rows):  # every layer served: hold nothing past the call
-            self._last.clear()
-        return out
-
-
-class FusedSlice(nn.Module):
-    """Stands where one of a fused group's layers stood: its rows of the
-    fused output. Holds no parameter (the fused layer is the parent's)."""
-
-    _shared: FusedLinear
-    index: int
-
-    def __init__(self, shared: FusedLinear, index: int) -> None:
-        super().__init__()
-        object.__setattr__(self, "_shared", shared)  # not a submodule: its weight is counted once
-        self.index = index
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._shared.slice_of(self.index, x)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import importlib.metadata
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
@@ -24,6 +23,7 @@ from ..config.quant import SKIP, QuantRecipe, QuantRule
 from ..config.spec import BuildSpec
 from ..errors import ConfigError, first_lines
 from ..runtime.dtypes import dtype_name
+from .fused import FusedLinear
 from .progress import Stage
 
 # String values of config arguments that name torchao objects (YAML has no objects).
@@ -109,27 +109,67 @@ def _arguments(args: Mapping[str, Any], quantization: Any) -> dict[str, Any]:
 
 def rules_for(module: torch.nn.Module, recipe: QuantRecipe, target: str) -> dict[str, QuantRule]:
     """Each Linear module's FQN and the rule that decides it (the first that
-    matches). A rule that decides nothing is an error unless optional: a
+    matches). A layer the `fuse_projections` pass made is decided by its
+    members' names, as they would have been: the pass fuses only layers one
+    rule decides. A rule that decides nothing is an error unless optional: a
     mistyped pattern would quietly quantize what it meant to keep."""
-    linears = [name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    linears = {name: m for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
     decided: dict[str, QuantRule] = {}
-    for name in linears:
-        rule = next((r for r in recipe.rules if fnmatch.fnmatchcase(name, r.pattern)), None)
+    for name, layer in linears.items():
+        rules = [recipe.rule_for(member) for member in members(name, layer)]
+        rule = rules[0]
+        assert all(r is rule for r in rules), f"{name}: its members are decided by different rules"
         if rule is not None:
             decided[name] = rule
     idle = [r for r in recipe.rules if not r.optional and r not in decided.values()]
+    names = [member for name, layer in linears.items() for member in members(name, layer)]
     raise_all(
         [
             ConfigError(
                 f"{r.key}.pattern",
                 r.pattern,
                 f"decides no Linear module of {target} (matched by none, or each by an earlier rule); "
-                f"its Linear modules: {', '.join(linears[:6]) or 'none'}{' ...' if len(linears) > 6 else ''}",
+                f"its Linear modules: {', '.join(names[:6]) or 'none'}{' ...' if len(names) > 6 else ''}",
             )
             for r in idle
         ]
     )
     return decided
+
+
+def members(name: str, layer: torch.nn.Module) -> tuple[str, ...]:
+    """The names a recipe's rules match a Linear module by: its own, or a fused layer's members'."""
+    return layer.members if isinstance(layer, FusedLinear) else (name,)
+
+
+def rows_kept_apart(config: Any, rows: list[int], like: torch.Tensor) -> str | None:
+    """None when quantizing the weights of layers of these row counts as one
+    tensor gives each layer's rows exactly as quantizing it alone (a scale
+    per row, or per group of a row); otherwise why not (one scale for the
+    whole tensor). Probed on weights of `like`'s input size, dtype and device,
+    each layer's of its own magnitude, read back through the quantized matmul."""
+    from torchao.quantization import quantize_
+
+    generator = torch.Generator(like.device).manual_seed(0)
+    parts = [
+        torch.randn(min(count, 128), like.shape[1], generator=generator, device=like.device, dtype=like.dtype) * 8.0**i
+        for i, count in enumerate(rows)
+    ]
+
+    def read_back(weight: torch.Tensor) -> torch.Tensor:
+        layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=like.device, dtype=like.dtype)
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        quantize_(layer, config)
+        with torch.no_grad():
+            return layer(torch.eye(weight.shape[1], device=like.device, dtype=like.dtype))
+
+    try:
+        together, apart = read_back(torch.cat(parts)), torch.cat([read_back(part) for part in parts], dim=-1)
+    except Exception as exc:  # quantizing is the quantize stage's to fail, naming its rule; here: not fused
+        return f"the probe failed: {first_lines(exc, 1)}"
+    if not torch.equal(together, apart):
+        return f"{type(config).__name__} would share scales across the layers: quantized as one, their rows change"
+    return None
 
 
 def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, torch.nn.Parameter]]:
@@ -147,15 +187,7 @@ def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, 
         **recipe.to_json(),
         "torchao": torchao_version(),
         # each Linear's rule, and its float weight as a checkpoint holds it (what `check` compares)
-        "modules": {
-            name: {
-                "rule": recipe.rules.index(r),
-                "config": r.config,
-                "shape": list(_weight(module, name).shape),
-                "dtype": dtype_name(_weight(module, name).dtype),
-            }
-            for name, r in decided.items()
-        },
+        "modules": {name: _record(module, name, recipe.rules.index(rule), rule) for name, rule in decided.items()},
     }
     for rule, config in zip(recipe.rules, configs, strict=True):
         chosen = {name for name, r in decided.items() if r is rule}
@@ -164,6 +196,16 @@ def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, 
     quantized = len(originals)
     note = f"{recipe.name}: {quantized} Linear modules quantized, {len(decided) - quantized} kept"
     return Stage(originals, note, {"quant": section})
+
+
+def _record(module: torch.nn.Module, name: str, index: int, rule: QuantRule) -> dict[str, Any]:
+    """The manifest's entry of one Linear module: its rule, its float weight's
+    shape and dtype, and a fused layer's members (the checkpoint names them)."""
+    layer, weight = module.get_submodule(name), _weight(module, name)
+    record = {"rule": index, "config": rule.config, "shape": list(weight.shape), "dtype": dtype_name(weight.dtype)}
+    if isinstance(layer, FusedLinear):
+        record["fused_from"] = list(layer.members)
+    return record
 
 
 def _weight(module: torch.nn.Module, name: str) -> torch.nn.Parameter:

@@ -14,6 +14,7 @@ import torch
 from llm_families import save_family, transformers_tokens
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import flashrt_build
 from flashrt_build.cache.plan import make_plan
@@ -79,10 +80,11 @@ def test_fusing_projections_keeps_the_outputs_and_maps_every_row_back(llama: tup
 def test_a_fused_layer_fed_different_inputs_gives_each_its_own_output() -> None:
     """The fallback the fused layer keeps: layers of one group called with
     different tensors (or one changed in place) still get their own rows."""
-    from flashrt_build.stages.passes import FusedLinear, FusedSlice
+    from flashrt_build.stages.fused import FusedLinear, FusedSlice
 
     a, b = nn.Linear(4, 3), nn.Linear(4, 2)
-    shared = FusedLinear(torch.cat([a.weight, b.weight]).detach(), torch.cat([a.bias, b.bias]).detach(), [3, 2])
+    weight, bias = torch.cat([a.weight, b.weight]).detach(), torch.cat([a.bias, b.bias]).detach()
+    shared = FusedLinear(weight, bias, [3, 2], ("a", "b"))
     first, second = FusedSlice(shared, 0), FusedSlice(shared, 1)
     x, y = torch.randn(5, 4), torch.randn(5, 4)
     with torch.no_grad():
@@ -128,19 +130,48 @@ def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Pa
     assert off.keys["graph_key"] != plan.keys["graph_key"]
 
 
-def test_quantized_layers_are_left_as_the_recipe_made_them(llama: tuple[Path, Path]) -> None:
-    """Weights a recipe quantized are not plain tensors to concatenate: the
-    pass leaves them (and says there was nothing to fuse)."""
+def test_a_recipe_quantizes_a_fused_weight_row_for_row_as_it_would_its_layers(llama: tuple[Path, Path]) -> None:
+    """Fused before quantized: the fused weight, quantized by its members'
+    rule, holds exactly the rows the recipe gives each layer alone, and the
+    manifest names the layers it stands for."""
     from flashrt_build.stages.quantize import quantize_stage
 
     model_dir, root = llama
     plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "quant=int8_wo")))
-    module = instantiate_stage(plan.spec, plan.digests).value
-    quantize_stage(module, plan.spec)
-    before = {name: type(m) for name, m in module.named_modules()}
-    stage = passes_stage(module, plan.spec)
-    assert stage.note == "nothing to fuse" and stage.sections["passes"]["fuse_projections"]["fused"] == []
-    assert {name: type(m) for name, m in module.named_modules()} == before
+    fused = instantiate_stage(plan.spec, plan.digests).value
+    alone = copy.deepcopy(fused)
+    section = passes_stage(fused, plan.spec).sections["passes"]["fuse_projections"]
+    modules = quantize_stage(fused, plan.spec).sections["quant"]["modules"]
+    quantize_stage(alone, plan.spec)
+    assert len(section["fused"]) == 4 and section["left"] == []
+    for group in section["fused"]:
+        layer = group["weight"].removesuffix(".weight")
+        names = [part["name"].removesuffix(".weight") for part in group["from"]]
+        assert is_traceable_wrapper_subclass(fused.get_submodule(layer).weight)  # quantized, as torchao makes it
+        rows = torch.cat([alone.get_submodule(name).weight.dequantize() for name in names])
+        assert torch.equal(fused.get_submodule(layer).weight.dequantize(), rows)
+        assert modules[layer]["fused_from"] == names and modules[layer]["shape"] == [rows.shape[0], rows.shape[1]]
+        assert not set(names) & set(modules)  # recorded once, as the layer the package binds
+    with torch.no_grad():
+        assert torch.allclose(fused.prefill(PROMPT), alone.prefill(PROMPT), atol=1e-5)
+
+
+def test_layers_rules_decide_apart_or_would_quantize_as_one_stay_unfused(llama: tuple[Path, Path]) -> None:
+    model_dir, root = llama
+
+    def passes(rules: str) -> dict[str, Any]:
+        plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "quant=int8_wo", f"quant.rules={rules}")))
+        module = instantiate_stage(plan.spec, plan.digests).value
+        return passes_stage(module, plan.spec).sections["passes"]["fuse_projections"]
+
+    # q_proj kept float by its own rule: k and v still fuse, q stays a layer of its own
+    split = passes('[{pattern: "*q_proj", config: skip}, {pattern: "*", config: Int8WeightOnlyConfig}]')
+    fused = sorted(g["weight"].rsplit(".", 2)[-2] for g in split["fused"])
+    assert fused == ["gate_proj__up_proj"] * 2 + ["k_proj__v_proj"] * 2
+    # one scale per tensor: quantized as one, the rows would change, so nothing fuses, each group saying why
+    shared = passes("[{pattern: '*', config: Int8WeightOnlyConfig, args: {granularity: per_tensor}}]")
+    assert shared["fused"] == [] and len(shared["left"]) == 4
+    assert all(g["rule"] == "quant.rules[0]" and "share scales" in g["why"] for g in shared["left"])
 
 
 def test_grouped_attention_gives_transformers_sdpa_outputs_without_its_copies() -> None:
