@@ -100,13 +100,17 @@ def _python_implementation(op: torch._ops.OpOverload, where: str) -> Any:
     from torch._library.custom_ops import OPDEFS
 
     definition = OPDEFS.get(op.name().split(".")[0])
-    if definition is None:
-        raise ExportError(
-            f"the graph of {where} calls {op.name()}, a custom operator registered from Python, which a package "
-            "cannot run: give it a C++ kernel (torch.library in a compiled library), or keep the model from "
-            "calling it"
-        )
-    return definition._init_fn
+    if definition is not None:
+        return definition._init_fn
+    from torch._inductor.decomposition import decompositions
+
+    if op in decompositions:  # kept whole through export for Inductor to decompose (torchao's primitives)
+        return decompositions[op]
+    raise ExportError(
+        f"the graph of {where} calls {op.name()}, a custom operator registered from Python, which a package "
+        "cannot run: give it a C++ kernel (torch.library in a compiled library), or keep the model from "
+        "calling it"
+    )
 
 
 def library_of(op: torch._ops.OpOverload) -> str | None:

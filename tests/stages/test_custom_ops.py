@@ -75,3 +75,21 @@ def test_an_operator_with_a_cpp_kernel_stays_and_its_library_is_loaded_first(
     images, boxes = torch.randn(1, 3, 8, 8), torch.tensor([[0.0, 0.0, 4.0, 4.0], [2.0, 2.0, 7.0, 7.0]])
     here = flashrt_build.load(roi_align_build.output_dir)(images=images, boxes=boxes).sum().item()
     assert json.loads(served.stdout.strip()) == pytest.approx(here, rel=1e-5)
+
+
+def test_an_operator_registered_for_inductor_to_decompose_is_decomposed() -> None:
+    """torchao keeps its quantization primitives whole through export and
+    registers their decomposition with Inductor: a graph quantizing its
+    activations (int8 dynamic) runs them as plain aten, not refused."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    from flashrt_build.stages.custom_ops import custom_operators, resolve_custom_ops
+
+    layer = torch.nn.Linear(32, 16)
+    quantize_(layer, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False))
+    x = torch.randn(4, 32)
+    program = torch.export.export(layer, (x,))
+    assert {op.namespace for op in custom_operators(program)} == {"torchao"}
+    program, python, libraries = resolve_custom_ops(program, "layer")
+    assert "torchao::choose_qparams_affine" in python and custom_operators(program) == [] and libraries == {}
+    torch.testing.assert_close(program.module()(x), layer(x))
