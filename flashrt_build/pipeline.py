@@ -99,9 +99,9 @@ def _run_stages(plan: Plan) -> BuildResult:
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
     if spec.fuse_projections or spec.grouped_attention:  # before quantizing: fused float weights, quantized as one
         timer.run("passes", passes_stage, module, spec)
-    originals = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
+    quantized = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
     timer.run("inputs", inputs_stage, module, spec)
-    exported = timer.run("export", export_stage, module, spec)
+    exported = timer.run("export", export_stage, module, spec, quantized and quantized.methods)
     # Builds of one output dir take turns from here to publishing; the stages
     # above run side by side, and a failure there leaves nothing on disk.
     with build_lock(spec.output_dir), staging_dir(spec.output_dir) as staging:
@@ -115,7 +115,7 @@ def _run_stages(plan: Plan) -> BuildResult:
         sections = {"options": options, "keys": plan.keys, "ingredients": plan.ingredients, "digests": plan.digests}
         draft = assemble_manifest(spec, timer.sections, **sections, timings=dict(timer.timings))
         if spec.verify:  # the package is loaded against the draft, as users will load it
-            timer.run("verify", verify_stage, spec, module, staging, draft, state, originals)
+            timer.run("verify", verify_stage, spec, module, staging, draft, state, quantized)
         else:
             log.warning("verification is off (verify.enabled=false): the package is recorded as unverified")
         record = finish_manifest(draft, timer.sections.get("verification"), timer.timings)

@@ -62,6 +62,7 @@ NOT_KEYED = {
     "quant.devices": "a check the config passes before anything runs",
     "quant.min_capability": "a check the config passes before anything runs",
     "quant.inductor": "reaches the graph merged into the Inductor options (`inductor.options`, `inductor.methods`)",
+    "quant.rtol": "how the package is checked before publishing (the least `verify.rtol`), not what it is",
     "quant.max_rel_error": "judges the package, not its bytes: the build key's `judged`, not the graph's",
     "serve.cuda_graphs": "the loader's default: the build key's `serve`, not the graph's",
     "serve.max_graphs": "the loader's default: the build key's `serve`, not the graph's",

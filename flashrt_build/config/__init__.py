@@ -1,6 +1,6 @@
 """What to build: the config, checked before any work.
 
-    schema.py        the typed Hydra schema, one dataclass per group; unknown keys
+    schema.py        the typed Hydra schema, one dataclass per group (quant's in quant.py)
     compose.py       composing the shipped configs without the CLI; Hydra's errors as one line
     command_line.py  the command line composed before Hydra runs anything
     naming.py        the output folder's name, the same from the CLI and compose()
@@ -12,7 +12,7 @@
     compiler.py      the compile: compiler, temp dir, quant recipe, each method's Inductor options
     llm.py           what causal_lm reads from a save_pretrained directory's config.json
     inputs.py        each entry point's inputs, dynamic dims, value ranges, constant kwargs
-    quant.py         a quantization recipe: its rules, targets and error bound
+    quant.py         a quantization recipe: its schema, rules (a method's own), targets, error bounds
     targets.py       what a config may run (the allow-list) and where that code comes from
     paths.py         the output folder derived and checked (writable, replaceable); config dir; TMPDIR
     files.py         every file a build reads, as the config names them

@@ -34,7 +34,7 @@ def resolve_compiler(config: Mapping[str, Any], methods: list[MethodSpec], probl
     problems.check(check_compiler, cxx)
     found = len(problems) == before  # a compiler to ask about -march
     problems.check(check_temp_dir)
-    quant = resolve_quant(config["quant"], config["target"]["device"], problems)
+    quant = resolve_quant(config["quant"], config["target"]["device"], [m.name for m in methods], problems)
     # The recipe's options first: the inductor group's own win where both set one.
     options = {
         **flatten_options(config["quant"]["inductor"]["options"] or {}),

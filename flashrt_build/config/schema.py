@@ -16,6 +16,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from .quant import QuantConfig
+
 
 class WeightsMode(str, Enum):
     """Where the weights live: inside the package or in a safetensors sidecar."""
@@ -137,49 +139,6 @@ class InductorConfig:
     # Per method, options over `options` for that method's compile alone:
     # what suits a one-token decode step can ruin a 512-token prefill.
     methods: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass
-class QuantRuleConfig:
-    """One rule of a quantization recipe: the Linear modules whose FQN matches
-    `pattern` (fnmatch: `*` any run of characters, `lm_head`, `blocks.*.mlp.*`)
-    get torchao's `config` (a class of `torchao.quantization`) built with
-    `args`, or stay as they are (`config: skip`). The first rule that matches
-    a module decides it."""
-
-    pattern: str = "*"
-    config: str = "skip"
-    args: dict[str, Any] = field(default_factory=dict)
-    # A rule must match some module (a typo would silently quantize what it
-    # meant to skip) unless it is optional.
-    optional: bool = False
-
-
-@dataclass
-class QuantRecipeInductor:
-    """Inductor options a recipe needs to be fast, under the `inductor`
-    group's own (which win where both set one)."""
-
-    options: dict[str, Any] = field(default_factory=dict)
-    methods: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass
-class QuantConfig:
-    """How weights are quantized (torchao), applied to the module after its
-    checkpoint is loaded and before export. `none`: not at all."""
-
-    name: str = "none"
-    rules: list[QuantRuleConfig] = field(default_factory=list)
-    # The target devices the recipe's kernels run on (`cpu`, `cuda`).
-    devices: list[str] = field(default_factory=lambda: ["cpu", "cuda"])
-    # The least CUDA compute capability it needs ([8, 9]: float8), or null.
-    min_capability: list[int] | None = None
-    # Verification compares the package with the float module too: a
-    # norm-wise relative error ||package - float|| / ||float|| of any output
-    # past this fails the build (null: recorded only).
-    max_rel_error: float | None = None
-    inductor: QuantRecipeInductor = field(default_factory=QuantRecipeInductor)
 
 
 @dataclass

@@ -217,11 +217,16 @@ def resolve_checks(
         problems.append(ConfigError("serve.max_graphs", serve["max_graphs"], "expected a count >= 0"))
     if threads is not None and threads < 1:
         problems.append(ConfigError("threads", threads, "expected a thread count >= 1, or null for all cores"))
-    tolerances = TF32_TOLERANCES if tf32 and dtype == "float32" else (None, None)
+    atol, rtol = TF32_TOLERANCES if tf32 and dtype == "float32" else (None, None)
+    least = config["quant"].get("rtol")  # a recipe quantizing activations as it runs
+    if least is not None and not least >= 0:
+        problems.append(ConfigError("quant.rtol", least, "expected a relative error >= 0, or null"))
+    elif least is not None:
+        rtol = max(DEFAULT_TOLERANCES.get(dtype or "float32", (0.0, 0.0))[1] if rtol is None else rtol, least)
     return {
         "verify": bool(verify["enabled"]),
-        "atol": tolerances[0] if verify["atol"] is None else verify["atol"],
-        "rtol": tolerances[1] if verify["rtol"] is None else verify["rtol"],
+        "atol": atol if verify["atol"] is None else verify["atol"],
+        "rtol": rtol if verify["rtol"] is None else verify["rtol"],
         "allow_nonfinite": bool(verify["allow_nonfinite"]),
         "repeat": int(verify["repeat"]),
         "verify_timeout": float(verify["timeout"]),

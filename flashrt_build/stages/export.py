@@ -19,7 +19,7 @@ import inspect
 import io
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from ..errors import ExportError, first_lines
 from .custom_ops import resolve_custom_ops
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .progress import Stage
+from .quantize import swapped_weights
 
 log = logging.getLogger(__name__)
 _exporting = False
@@ -145,14 +146,20 @@ class Exported:
         return f"{WRAPPED}." if self.threaded else ""
 
 
-def export_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[list[Exported]]:
-    """Every method exported on its own: its example inputs, then torch.export."""
+def export_stage(
+    module: torch.nn.Module,
+    spec: BuildSpec,
+    method_weights: Mapping[str, Mapping[str, torch.nn.Parameter]] | None = None,
+) -> Stage[list[Exported]]:
+    """Every method exported on its own: its example inputs, then torch.export;
+    `method_weights`: a method's own weights (by module FQN) in place of the module's."""
     exported = []
     decomposed: list[str] = []
     libraries: dict[str, list[str]] = {}
     for method in spec.methods:
         example = make_inputs(spec, method=method)
-        one = export_module(module, spec, example, dynamic_shapes(spec, example, method), method)
+        with swapped_weights(module, (method_weights or {}).get(method.name, {})):
+            one = export_module(module, spec, example, dynamic_shapes(spec, example, method), method)
         # before any compile: each custom operator runs without Python, or the build stops here
         one.program, python, compiled = resolve_custom_ops(one.program, spec.target, method.label)
         decomposed += [op for op in python if op not in decomposed]

@@ -125,12 +125,12 @@ def quantized_alike(module: nn.Module, groups: list[Group], spec: BuildSpec) -> 
     as it would each layer's alone, and the others, each with why."""
     if spec.quant is None:
         return groups, []
-    rules, configs = spec.quant.rules, torchao_configs(spec.quant, spec.device)
+    configs = torchao_configs(spec.quant, spec.device)
     kept, left, probed = [], [], {}
     for group in groups:
         layers = [layer for m in group.members if isinstance(layer := module.get_submodule(m), nn.Linear)]
         rule = spec.quant.rule_for(group.members[0])
-        config = None if rule is None else configs[rules.index(rule)]
+        config = None if rule is None else configs[rule.key]
         if config is None:  # kept float (`skip`, or no rule): fused as it is
             kept.append(group)
             continue

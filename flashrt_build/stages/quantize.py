@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..config.problems import Problems, raise_all
 from ..config.quant import SKIP, QuantRecipe, QuantRule
@@ -37,10 +39,11 @@ def torchao_version() -> str | None:
         return None
 
 
-def torchao_configs(recipe: QuantRecipe, device: str) -> list[Any]:
-    """Each rule's torchao config object (None for `skip`): an unknown class,
-    wrong arguments or a GPU that lacks the recipe's kernels are ConfigErrors
-    naming the rule's key, before anything is built."""
+def torchao_configs(recipe: QuantRecipe, device: str) -> dict[str, Any]:
+    """Each rule's torchao config object by the rule's key, and each of its
+    methods' (`quant.rules[1].methods.prefill`); None for `skip`. An unknown
+    class, wrong arguments or a GPU that lacks the recipe's kernels are
+    ConfigErrors naming the rule's key, before anything is built."""
     try:
         import torchao.quantization as quantization
     except ImportError as exc:
@@ -62,9 +65,10 @@ def torchao_configs(recipe: QuantRecipe, device: str) -> list[Any]:
                     f"{'.'.join(map(str, have))}",
                 )
             )
-    configs = [
-        None if rule.config == SKIP else problems.check(_rule_config, rule, quantization) for rule in recipe.rules
-    ]
+    rules = [one for rule in recipe.rules for one in (rule, *rule.methods.values())]
+    configs = {
+        rule.key: None if rule.config == SKIP else problems.check(_rule_config, rule, quantization) for rule in rules
+    }
     problems.raise_all()
     return configs
 
@@ -172,10 +176,19 @@ def rows_kept_apart(config: Any, rows: list[int], like: torch.Tensor) -> str | N
     return None
 
 
-def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, torch.nn.Parameter]]:
-    """Quantize `module` in place by `spec.quant`: the float weights it
-    replaced, by module FQN (verification measures the quantization error
-    against them), and the manifest's `quant` section."""
+@dataclass(frozen=True)
+class Quantized:
+    """What quantizing changed in a module, by module FQN: the float weights
+    it replaced (verification measures the error against them), and the
+    weights a method calls instead of the recipe's (its rule's `methods`),
+    made of the very same tensors."""
+
+    originals: Mapping[str, torch.nn.Parameter]
+    methods: Mapping[str, Mapping[str, torch.nn.Parameter]]
+
+
+def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[Quantized]:
+    """Quantize `module` in place by `spec.quant`; the manifest's `quant` section."""
     from torchao.quantization import quantize_
 
     recipe = spec.quant
@@ -189,13 +202,47 @@ def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[dict[str, 
         # each Linear's rule, and its float weight as a checkpoint holds it (what `check` compares)
         "modules": {name: _record(module, name, recipe.rules.index(rule), rule) for name, rule in decided.items()},
     }
-    for rule, config in zip(recipe.rules, configs, strict=True):
+    for rule in recipe.rules:
         chosen = {name for name, r in decided.items() if r is rule}
-        if config is not None and chosen:
-            quantize_(module, config, filter_fn=lambda _, fqn, chosen=chosen: fqn in chosen)
-    quantized = len(originals)
-    note = f"{recipe.name}: {quantized} Linear modules quantized, {len(decided) - quantized} kept"
-    return Stage(originals, note, {"quant": section})
+        if configs[rule.key] is not None and chosen:
+            quantize_(module, configs[rule.key], filter_fn=lambda _, fqn, chosen=chosen: fqn in chosen)
+    methods: dict[str, dict[str, torch.nn.Parameter]] = {}
+    for name, rule in decided.items():
+        for method, variant in rule.methods.items():
+            own = same_tensors(_weight(module, name), originals[name], configs[variant.key], variant, rule)
+            methods.setdefault(method, {})[name] = own
+    note = f"{recipe.name}: {len(originals)} Linear modules quantized, {len(decided) - len(originals)} kept"
+    if methods:
+        note += "; " + ", ".join(f"{m}: {len(own)} called by its own config" for m, own in methods.items())
+    return Stage(Quantized(originals, methods), note, {"quant": section})
+
+
+def same_tensors(
+    weight: Any, original: torch.Tensor, config: Any, variant: QuantRule, rule: QuantRule
+) -> torch.nn.Parameter:
+    """`original` quantized by a method's own config, made of `weight`'s
+    tensors (one copy bound for every method): its parts must equal them,
+    or the method's config is refused naming its key."""
+    from torchao.quantization import quantize_
+
+    probe = torch.nn.Linear(original.shape[1], original.shape[0], bias=False, device=original.device)
+    probe.weight = torch.nn.Parameter(original.detach(), requires_grad=False)
+    quantize_(probe, config)
+    own: Any = probe.weight  # a torchao tensor subclass
+    names, meta = own.__tensor_flatten__()
+    theirs: Sequence[str] = weight.__tensor_flatten__()[0] if is_traceable_wrapper_subclass(weight) else []
+    differ = [n for n in names if n not in theirs or not torch.equal(getattr(own, n), getattr(weight, n))]
+    if type(own) is not type(weight) or differ:
+        raise ConfigError(
+            f"{variant.key}.config",
+            variant.config,
+            f"quantizes the weights otherwise than the rule's {rule.config} ({type(own).__name__}, "
+            f"{', '.join(differ) or 'its parts'} differ): a package binds one copy of each weight for all its "
+            "methods, so a method's config may change only what it does to the activations",
+        )
+    subclass: Any = type(own)
+    shared = subclass.__tensor_unflatten__({n: getattr(weight, n) for n in names}, meta, own.size(), own.stride())
+    return torch.nn.Parameter(shared, requires_grad=False)
 
 
 def _record(module: torch.nn.Module, name: str, index: int, rule: QuantRule) -> dict[str, Any]:
@@ -213,13 +260,15 @@ def _weight(module: torch.nn.Module, name: str) -> torch.nn.Parameter:
 
 
 @contextlib.contextmanager
-def float_weights(module: torch.nn.Module, originals: Mapping[str, torch.nn.Parameter]) -> Iterator[None]:
-    """The module as it was before quantization, for the length of the block."""
-    quantized = {name: _weight(module, name) for name in originals}
+def swapped_weights(module: torch.nn.Module, weights: Mapping[str, torch.nn.Parameter]) -> Iterator[None]:
+    """The module with these weights (by module FQN) in place of its own, for
+    the length of the block: the float ones it had before quantization, or a
+    method's own."""
+    own = {name: _weight(module, name) for name in weights}
     try:
-        for name, weight in originals.items():
+        for name, weight in weights.items():
             module.get_submodule(name).weight = weight
         yield
     finally:
-        for name, weight in quantized.items():
+        for name, weight in own.items():
             module.get_submodule(name).weight = weight

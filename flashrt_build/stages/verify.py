@@ -26,7 +26,7 @@ from ..runtime.manifest import method_bindings, state_mode
 from .compare import LeafResult, check_replayed, compare_leaves, quantization_error, raise_on_mismatch
 from .inputs import make_inputs
 from .progress import Stage
-from .quantize import float_weights
+from .quantize import Quantized, swapped_weights
 from .verify_process import Call, run_package
 
 log = logging.getLogger(__name__)
@@ -68,15 +68,19 @@ def _label(sizes: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sizes.items()) or "example"
 
 
-def run_eager(module: torch.nn.Module, spec: BuildSpec, calls: list[Call], state: list[str]) -> tuple[list[Any], dict]:
-    """The reference outputs of the sequence, and the module's state after it."""
+def run_eager(
+    module: torch.nn.Module, spec: BuildSpec, calls: list[Call], state: list[str], quantized: Quantized | None = None
+) -> tuple[list[Any], dict]:
+    """The reference outputs of the sequence, and the module's state after it;
+    each call with its method's own weights where a recipe gives it some."""
     outputs = []
     with torch.no_grad():
         for call in calls:
             method = call.method
             args, kwargs = method.call_args(call.inputs)
             try:
-                out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)
+                with swapped_weights(module, quantized.methods.get(method.name, {}) if quantized else {}):
+                    out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)
             except Exception as exc:
                 raise VerifyError(
                     f"the eager {method.attr} of {spec.target} raised {type(exc).__name__} at call '{call.label}', "
@@ -94,13 +98,13 @@ def verify_stage(
     staging: Path,
     draft: dict[str, Any],
     state: list[str],
-    originals: Mapping[str, torch.nn.Parameter] | None = None,
+    quantized: Quantized | None = None,
 ) -> Stage[dict[str, Any]]:
     """In a fresh process, the package loaded as users load it (digests
     checked, weights bound), against eager: the manifest's `verification`.
-    A quantized module (`originals`: the float weights it replaced) is also
+    A quantized module (`quantized`: the float weights it replaced) is also
     compared as it was before quantization."""
-    record = verify(spec, module, staging, draft, state, spec.repeat, spec.verify_timeout, originals)
+    record = verify(spec, module, staging, draft, state, spec.repeat, spec.verify_timeout, quantized)
     record["gpu"] = gpu_of(spec.device)  # the worker runs on the build's device
     note = f"{len(record['probes'])} calls in a fresh process passed"
     if "quantization" in record:
@@ -120,7 +124,7 @@ def verify(
     state: list[str],
     repeat: int,
     timeout: float,
-    originals: Mapping[str, torch.nn.Parameter] | None = None,
+    quantized: Quantized | None = None,
 ) -> dict[str, Any]:
     """Compare package and eager over the whole sequence; raise on the first
     mismatch, naming the output leaf, the call, the error and the tolerance."""
@@ -133,13 +137,13 @@ def verify(
         if sorted(set(fqns) - in_place) != expected:  # the state it writes in place is bound apart
             raise VerifyError(f"the package's {method} binds {sorted(fqns)}, the manifest lists {expected}")
     float_references = None
-    if originals:  # first, from the state the package started with
+    if quantized and quantized.originals:  # first, from the state the package started with
         initial = {name: module.get_buffer(name).detach().clone() for name in state}
-        with float_weights(module, originals):
+        with swapped_weights(module, quantized.originals):
             float_references, _ = run_eager(module, spec, calls, state)
         for name, value in initial.items():
             module.get_buffer(name).copy_(value)
-    references, ref_state = run_eager(module, spec, calls, state)
+    references, ref_state = run_eager(module, spec, calls, state, quantized)
     probes = []
     for call, ref, out in zip(calls, references, result["outputs"], strict=True):
         if out["spec"] != str(pytree.tree_flatten(ref)[1]):

@@ -89,6 +89,7 @@ UNKEYED = {
     "target.name": ([], ["target.name=mine"], False),
     "inductor.name": ([], ["inductor.name=mine"], False),
     "quant.devices": (["quant=int8_wo"], ["quant.devices=[cpu]"], False),
+    "quant.rtol": (["quant=int8_wo"], ["quant.rtol=0.1"], False),
     "seed": ([], ["seed=3"], True),
     "quant.max_rel_error": (["quant=int8_wo"], ["quant.max_rel_error=0.5"], True),
     "serve.cuda_graphs": (["target=cuda"], ["serve.cuda_graphs=true"], True),

@@ -92,7 +92,7 @@ def test_a_recipes_inductor_options_are_explicit_and_the_groups_own_win() -> Non
         spec_of("+inductor.options.force_fuse_int_mm_with_mul=false").inductor_options["force_fuse_int_mm_with_mul"]
         is False
     )
-    (config,) = [c for c in torchao_configs(spec_of().quant, "cpu") if c is not None]
+    (config,) = [c for c in torchao_configs(spec_of().quant, "cpu").values() if c is not None]
     assert config.set_inductor_config is False  # torchao would set them for the process, unrecorded
 
 
@@ -117,6 +117,86 @@ def test_the_quantization_error_past_its_bound_fails_naming_where() -> None:
     assert quantization_error(["example"], flipped, reference, bound=None)["top1_agreement"] == 0.5
     with pytest.raises(VerifyError, match=r"= 0\.3.* at \['logits'\] at example, past quant.max_rel_error=0.05"):
         quantization_error(["example"], flipped, reference, bound=0.05)
+
+
+# a method's own config over the same weights (int8_dq_prefill) ----------------
+
+LM_DQ = ["+module=tiny_lm", "quant=int8_dq_prefill", "quant.rules.0.pattern=head"]
+
+
+def dq_rules(config: str, args: str) -> str:
+    """int8_dq_prefill's rules for tiny_lm, prefill's own config and arguments these."""
+    prefill = f"{{prefill: {{config: {config}, args: {args}}}}}"
+    quantized = f"{{pattern: '*', config: Int8WeightOnlyConfig, methods: {prefill}}}"
+    return f"quant.rules=[{{pattern: head, config: skip}}, {quantized}]"
+
+
+def test_a_methods_own_config_must_name_a_method_and_quantize_weights_as_its_rule_does() -> None:
+    with pytest.raises(
+        ConfigError, match=r"'quant.rules\[1\].methods.prefill' = .*not a method of this module; its methods: forward"
+    ):
+        spec_of("quant=int8_dq_prefill")
+    with pytest.raises(
+        ConfigError, match=r"'quant.rules\[0\].methods.prefill.config' = 'Int8WeightOnlyConfig': .*'skip'"
+    ):
+        resolve_spec(
+            compose(
+                [
+                    *LM_DQ,
+                    "quant.rules=[{pattern: '*', config: skip, methods: {prefill: {config: Int8WeightOnlyConfig}}}]",
+                ]
+            )
+        )
+    spec = resolve_spec(compose([*LM_DQ, dq_rules("Int8DynamicActivationInt8WeightConfig", "{granularity: per_row}")]))
+    assert spec.quant is not None and spec.quant.rules[1].methods["prefill"].key == "quant.rules[1].methods.prefill"
+    assert {key: type(c).__name__ for key, c in torchao_configs(spec.quant, spec.device).items()} == {
+        "quant.rules[0]": "NoneType",
+        "quant.rules[1]": "Int8WeightOnlyConfig",
+        "quant.rules[1].methods.prefill": "Int8DynamicActivationInt8WeightConfig",
+    }
+
+
+def test_a_recipe_quantizing_activations_brings_the_least_rtol_and_verify_rtol_wins() -> None:
+    assert spec_of().rtol is None  # weight-only: float32's own tolerance
+    assert resolve_spec(compose(LM_DQ)).rtol == 0.03
+    assert resolve_spec(compose([*LM_DQ, "verify.rtol=0.001"])).rtol == 0.001
+    assert spec_of("quant.rtol=0.01", "target.dtype=bfloat16").rtol == 0.05  # bf16's own is looser already
+    with pytest.raises(ConfigError, match=r"'quant.rtol' = -1.0: expected a relative error >= 0"):
+        spec_of("quant.rtol=-1")
+
+
+def test_a_methods_own_weights_are_the_rules_tensors_and_only_that_method_quantizes_activations() -> None:
+    from flashrt_build.cache.plan import make_plan
+    from flashrt_build.stages.export import export_stage
+    from flashrt_build.stages.module import instantiate_stage
+    from flashrt_build.stages.quantize import quantize_stage
+
+    plan = make_plan(compose(LM_DQ))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    stage = quantize_stage(module, plan.spec)
+    own = stage.value.methods
+    assert set(own) == {"prefill"} and len(own["prefill"]) == 8 and "prefill: 8 called by its own config" in stage.note
+    for name, weight in own["prefill"].items():
+        bound = module.get_submodule(name).weight
+        assert weight.qdata.data_ptr() == bound.qdata.data_ptr() and weight.scale.data_ptr() == bound.scale.data_ptr()
+        assert weight.act_quant_kwargs is not None and bound.act_quant_kwargs is None
+    assert stage.sections["quant"]["rules"][1]["methods"] == {
+        "prefill": {"config": "Int8DynamicActivationInt8WeightConfig", "args": {}}
+    }
+    programs = {e.method.name: e.program for e in export_stage(module, plan.spec, own).value}
+    int8_matmuls = {
+        name: sum(n.target is torch.ops.aten._int_mm.default for n in program.graph.nodes)
+        for name, program in programs.items()
+    }
+    assert int8_matmuls == {"prefill": 8, "decode": 0}
+    # a method's config that would quantize the weights otherwise (one scale a tensor) is refused, naming it
+    plan = make_plan(compose([*LM_DQ, dq_rules("Int8DynamicActivationInt8WeightConfig", "{granularity: per_tensor}")]))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    match = (
+        r"'quant.rules\[1\].methods.prefill.config' = 'Int8DynamicActivationInt8WeightConfig': quantizes the weights"
+    )
+    with pytest.raises(ConfigError, match=match + r" otherwise .*qdata, scale.* differ"):
+        quantize_stage(module, plan.spec)
 
 
 # int8 weight-only builds on the CPU -------------------------------------------
@@ -169,8 +249,14 @@ def nbytes(shape: list[int], dtype: str) -> int:
     return math.prod(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
 
 
-def build_lm(out: Path, checkpoint: Path, *overrides: str) -> flashrt_build.BuildResult:
-    overrides = ("+module=tiny_lm", "quant=int8_wo", "weights=external", f"module.checkpoint={checkpoint}", *overrides)
+def build_lm(out: Path, checkpoint: Path, *overrides: str, recipe: str = "int8_wo") -> flashrt_build.BuildResult:
+    overrides = (
+        "+module=tiny_lm",
+        f"quant={recipe}",
+        "weights=external",
+        f"module.checkpoint={checkpoint}",
+        *overrides,
+    )
     return flashrt_build.build(compose([*overrides, f"output_dir={out}", f"output_root={out.parent}"]))
 
 
@@ -242,6 +328,29 @@ def test_a_new_float_checkpoint_is_quantized_and_bound_without_recompiling(
         and after["head.parametrizations.weight.original0"] != (before["head.parametrizations.weight.original0"])
     )
     assert swapped.manifest["verification"]["passed"] is True
+
+
+@pytest.mark.slow
+def test_prefill_quantizing_its_activations_binds_the_very_weights_of_int8_wo(
+    lm_int8: flashrt_build.BuildResult, trained_lm: tuple[Path, torch.Tensor]
+) -> None:
+    """int8_dq_prefill: the same int8 weights as int8_wo, bound once for both
+    methods; prefill's matmuls int8 x int8, verified within the recipe's
+    rtol, and greedy tokens still the float model's."""
+    out = lm_int8.output_dir.parent / "dq_prefill"
+    result = build_lm(out, trained_lm[0], recipe="int8_dq_prefill")
+    manifest = result.manifest
+    assert manifest["verification"]["passed"] is True and manifest["verification"]["quantization"]["max_rel_err"] < 0.05
+    assert manifest["quant"]["rules"][1]["methods"]["prefill"]["config"] == "Int8DynamicActivationInt8WeightConfig"
+    tensors = manifest["weights"]["tensors"]
+    assert {t["fqn"]: t["sha256"] for t in tensors} == {
+        t["fqn"]: t["sha256"] for t in lm_int8.manifest["weights"]["tensors"]
+    }
+    assert all(set(t["methods"]) == {"prefill", "decode"} for t in tensors if t.get("quantized"))  # one copy, both
+    prompt = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
+    float_lm = instantiate_module(resolve_spec(compose(["+module=tiny_lm", f"module.checkpoint={trained_lm[0]}"])))
+    expected = eager_greedy(float_lm, prompt, 40)
+    assert torch.equal(flashrt_build.generate(flashrt_build.load(result.output_dir), prompt, 40).tokens, expected)
 
 
 @pytest.mark.slow

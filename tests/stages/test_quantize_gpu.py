@@ -33,7 +33,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("recipe", ["int8_wo", "int4_wo", "fp8"])
+@pytest.mark.parametrize("recipe", ["int8_wo", "int8_dq_prefill", "int4_wo", "fp8"])
 def test_each_recipe_builds_verifies_and_keeps_a_trained_models_tokens(
     recipe: str, trained: Path, tmp_path: Path
 ) -> None:
