@@ -13,6 +13,7 @@ its manifest sections and its log note.
     inputs.py          seeded example inputs and torch.export dynamic shapes
     export.py          torch.export: one graph per method or an error naming the cause
     custom_ops.py      custom operators in the graph: decomposed, their library recorded, or refused
+    int8_matmul.py     int8 matmuls a CUDA graph calls, padded past cuBLAS's 16-row floor
     compile.py         AOTInductor compiles each graph (or links a model kept by its key)
     archive.py         the .pt2 archive: constant names read, models combined, the contract sealed
     package.py         what the package binds and takes; its state and served files

@@ -19,7 +19,7 @@ import inspect
 import io
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +32,9 @@ from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
 from .custom_ops import resolve_custom_ops
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
+from .int8_matmul import pad_int8_matmuls
 from .progress import Stage
-from .quantize import swapped_weights
+from .quantize import MethodWeights, swapped_weights
 
 log = logging.getLogger(__name__)
 _exporting = False
@@ -147,21 +148,22 @@ class Exported:
 
 
 def export_stage(
-    module: torch.nn.Module,
-    spec: BuildSpec,
-    method_weights: Mapping[str, Mapping[str, torch.nn.Parameter]] | None = None,
+    module: torch.nn.Module, spec: BuildSpec, method_weights: MethodWeights | None = None
 ) -> Stage[list[Exported]]:
     """Every method exported on its own: its example inputs, then torch.export;
     `method_weights`: a method's own weights (by module FQN) in place of the module's."""
     exported = []
     decomposed: list[str] = []
     libraries: dict[str, list[str]] = {}
+    padded = 0
     for method in spec.methods:
         example = make_inputs(spec, method=method)
         with swapped_weights(module, (method_weights or {}).get(method.name, {})):
             one = export_module(module, spec, example, dynamic_shapes(spec, example, method), method)
         # before any compile: each custom operator runs without Python, or the build stops here
         one.program, python, compiled = resolve_custom_ops(one.program, spec.target, method.label)
+        one.program, count = pad_int8_matmuls(one.program, spec.device)
+        padded += count
         decomposed += [op for op in python if op not in decomposed]
         for path, ops in compiled.items():
             libraries.setdefault(path, []).extend(op for op in ops if op not in libraries.get(path, []))
@@ -173,6 +175,8 @@ def export_stage(
     )
     if decomposed:
         note += f"; decomposed {', '.join(decomposed)} (Python-only custom operators)"
+    if padded:
+        note += f"; {padded} int8 matmuls given 16 rows more (cuBLAS takes more than 16)"
     sections = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()]} if libraries else {}
     return Stage(exported, note, sections)
 

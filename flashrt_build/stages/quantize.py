@@ -176,6 +176,10 @@ def rows_kept_apart(config: Any, rows: list[int], like: torch.Tensor) -> str | N
     return None
 
 
+# A method's own weights (a rule's `methods`), by method name and module FQN.
+MethodWeights = Mapping[str, Mapping[str, torch.nn.Parameter]]
+
+
 @dataclass(frozen=True)
 class Quantized:
     """What quantizing changed in a module, by module FQN: the float weights
@@ -184,7 +188,7 @@ class Quantized:
     made of the very same tensors."""
 
     originals: Mapping[str, torch.nn.Parameter]
-    methods: Mapping[str, Mapping[str, torch.nn.Parameter]]
+    methods: MethodWeights
 
 
 def quantize_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[Quantized]:

@@ -199,6 +199,32 @@ def test_a_methods_own_weights_are_the_rules_tensors_and_only_that_method_quanti
         quantize_stage(module, plan.spec)
 
 
+def test_a_cuda_graphs_int8_matmuls_take_any_row_count() -> None:
+    """cuBLAS's int8 matmul refuses 16 rows or fewer: on a CUDA target each
+    call gets 16 zero rows more, cut off after; the product is unchanged."""
+    from flashrt_build.stages.int8_matmul import pad_int8_matmuls
+
+    class Matmul(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randint(-127, 128, (32, 64), dtype=torch.int8), requires_grad=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch._int_mm(x, self.weight.t())
+
+    rows = torch.export.Dim("rows", min=2, max=512)
+    program = torch.export.export(Matmul(), (torch.zeros(20, 64, dtype=torch.int8),), dynamic_shapes=({0: rows},))
+    assert pad_int8_matmuls(program, "cpu") == (program, 0)  # the CPU's takes any count
+    padded, count = pad_int8_matmuls(program, "cuda")
+    (matmul,) = [n for n in padded.graph.nodes if n.target is torch.ops.aten._int_mm.default]
+    assert (
+        count == 1 and matmul.args[0].target is torch.ops.aten.pad.default and matmul.args[0].args[1] == [0, 0, 0, 16]
+    )
+    for count in (2, 16, 17, 300):
+        x = torch.randint(-127, 128, (count, 64), dtype=torch.int8)
+        assert torch.equal(padded.module()(x), program.module()(x))
+
+
 # int8 weight-only builds on the CPU -------------------------------------------
 
 
