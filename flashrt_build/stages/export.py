@@ -35,6 +35,7 @@ from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .int8_matmul import pad_int8_matmuls
 from .progress import Stage
 from .quantize import MethodWeights, swapped_weights
+from .weights import quantized_parts
 
 log = logging.getLogger(__name__)
 _exporting = False
@@ -140,6 +141,9 @@ class Exported:
     program: torch.export.ExportedProgram
     state: list[str] = field(default_factory=list)
     threaded: bool = False
+    # A quantized weight's plain parts, by name: (the weight, its attribute),
+    # as export made them (a decomposition unwraps them nameless of that).
+    parts: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def prefix(self) -> str:
@@ -160,6 +164,7 @@ def export_stage(
         example = make_inputs(spec, method=method)
         with swapped_weights(module, (method_weights or {}).get(method.name, {})):
             one = export_module(module, spec, example, dynamic_shapes(spec, example, method), method)
+        one.parts = quantized_parts(one.program)
         # before any compile: each custom operator runs without Python, or the build stops here
         one.program, python, compiled = resolve_custom_ops(one.program, spec.target, method.label)
         one.program, count = pad_int8_matmuls(one.program, spec.device)
@@ -256,45 +261,3 @@ def _user_frame(partial_graph: str) -> str | None:
     """The last source line the partial graph reached: where tracing stopped."""
     frames = re.findall(r"# File: (.+?), code: (.+)", partial_graph)
     return f"{frames[-1][0]}: `{frames[-1][1].strip()}`" if frames else None
-
-
-def output_specs(exported: Exported) -> list[dict[str, Any]]:
-    """Shape and dtype of each flattened output of a method, dynamic dims by their names."""
-    program, state = exported.program, len(exported.state) if exported.threaded else 0
-    names: dict[Any, str] = {}
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    for inp in exported.method.inputs:
-        node = placeholders.get(inp.name)
-        if node is None:
-            continue
-        for axis, dim in inp.dynamic.items():
-            size = node.meta["val"].shape[axis]
-            if isinstance(size, torch.SymInt):
-                names[size.node.expr] = dim.name
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    user_outputs = output.args[0][: len(output.args[0]) - state]  # threaded state comes last
-    specs: list[dict[str, Any]] = []
-    for node in user_outputs:
-        if not isinstance(node, torch.fx.Node):  # a constant the method returns (None, 3): the package gives it back
-            value = node if isinstance(node, (bool, int, float, str, type(None))) else repr(node)
-            specs.append({"shape": None, "dtype": type(node).__name__, "value": value})
-            continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            specs.append({"shape": None, "dtype": type(val).__name__})
-            continue
-        shape = []
-        for size in val.shape:
-            if isinstance(size, torch.SymInt):
-                expr = size.node.expr
-                shape.append(str(expr.subs({s: _symbol(names[s]) for s in expr.free_symbols if s in names})))
-            else:
-                shape.append(int(size))
-        specs.append({"shape": shape, "dtype": str(val.dtype).removeprefix("torch.")})
-    return specs
-
-
-def _symbol(name: str) -> Any:
-    import sympy
-
-    return sympy.Symbol(name)

@@ -21,7 +21,7 @@ from ..runtime.dtypes import dtype_name
 from ..runtime.hashing import file_record
 from .archive import package_constant_fqns, seal_package
 from .compile import method_options
-from .export import Exported, output_specs
+from .export import Exported
 from .progress import Stage
 from .weights import match_package_tensors, tensor_sha256, union_of_methods, write_sidecar
 
@@ -82,6 +82,7 @@ def _weights_section(
             spec.target,
             e.prefix,
             e.state if e.threaded else stateful,
+            e.parts,
         )
         for e in exported
     }
@@ -146,3 +147,45 @@ def write_state(staging: Path, module: torch.nn.Module, names: list[str], thread
             for n, t in tensors.items()
         ],
     }
+
+
+def output_specs(exported: Exported) -> list[dict[str, Any]]:
+    """Shape and dtype of each flattened output of a method, dynamic dims by their names."""
+    program, state = exported.program, len(exported.state) if exported.threaded else 0
+    names: dict[Any, str] = {}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for inp in exported.method.inputs:
+        node = placeholders.get(inp.name)
+        if node is None:
+            continue
+        for axis, dim in inp.dynamic.items():
+            size = node.meta["val"].shape[axis]
+            if isinstance(size, torch.SymInt):
+                names[size.node.expr] = dim.name
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    user_outputs = output.args[0][: len(output.args[0]) - state]  # threaded state comes last
+    specs: list[dict[str, Any]] = []
+    for node in user_outputs:
+        if not isinstance(node, torch.fx.Node):  # a constant the method returns (None, 3): the package gives it back
+            value = node if isinstance(node, (bool, int, float, str, type(None))) else repr(node)
+            specs.append({"shape": None, "dtype": type(node).__name__, "value": value})
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            specs.append({"shape": None, "dtype": type(val).__name__})
+            continue
+        shape = []
+        for size in val.shape:
+            if isinstance(size, torch.SymInt):
+                expr = size.node.expr
+                shape.append(str(expr.subs({s: _symbol(names[s]) for s in expr.free_symbols if s in names})))
+            else:
+                shape.append(int(size))
+        specs.append({"shape": shape, "dtype": str(val.dtype).removeprefix("torch.")})
+    return specs
+
+
+def _symbol(name: str) -> Any:
+    import sympy
+
+    return sympy.Symbol(name)

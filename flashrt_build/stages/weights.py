@@ -89,9 +89,12 @@ class ProgramTensor(NamedTuple):
     part: str | None = None  # that part's attribute (`qdata`, `scale`)
 
 
-def program_tensors(program: torch.export.ExportedProgram) -> list[ProgramTensor]:
+def program_tensors(
+    program: torch.export.ExportedProgram, parts: Mapping[str, tuple[str, str]] | None = None
+) -> list[ProgramTensor]:
     """Every parameter, buffer and lifted constant, a quantized weight (a
-    tensor subclass) as the plain tensors it is made of."""
+    tensor subclass) as the plain tensors it is made of. `parts`: those
+    decompositions already unwrapped, by name: (their weight, their attribute)."""
     sig = program.graph_signature
 
     def value(name: str) -> torch.Tensor:
@@ -102,7 +105,16 @@ def program_tensors(program: torch.export.ExportedProgram) -> list[ProgramTensor
         + [(n, "buffer") for n in sig.buffers]
         + [(n, "constant") for n in sig.lifted_tensor_constants]
     )
-    return [entry for name, kind in named for entry in _plain_parts(name, kind, value(name))]
+    tensors = [entry for name, kind in named for entry in _plain_parts(name, kind, value(name))]
+    known = parts or {}
+    return [t._replace(owner=known[t.name][0], part=known[t.name][1]) if t.name in known else t for t in tensors]
+
+
+def quantized_parts(program: torch.export.ExportedProgram) -> dict[str, tuple[str, str]]:
+    """The plain tensors each quantized weight of the program is made of, by
+    name: (the weight's name, its attribute); kept before a decomposition
+    unwraps them (`run_decompositions` binds the parts by these names alone)."""
+    return {t.name: (t.owner, t.part) for t in program_tensors(program) if t.part is not None}
 
 
 def _plain_parts(name: str, kind: str, tensor: torch.Tensor) -> list[ProgramTensor]:
@@ -144,6 +156,7 @@ def match_package_tensors(
     target: str,
     prefix: str = "",
     state: Iterable[str] = (),
+    parts: Mapping[str, tuple[str, str]] | None = None,
 ) -> tuple[list[WeightTensor], list[InlinedTensor], list[str]]:
     """Pair each name the package binds with its tensor in the exported program;
     also returns the code constants Inductor inlined and the names of module
@@ -152,7 +165,7 @@ def match_package_tensors(
     # of the package, in-place ones constants it writes, bound to shared tensors.
     state_names = {prefix + name for name in state}
     package_fqns = [fqn for fqn in package_fqns if fqn not in state_names]
-    tensors = [t for t in program_tensors(program) if t.owner not in state_names]
+    tensors = [t for t in program_tensors(program, parts) if t.owner not in state_names]
     by_name = {t.name: t for t in tensors}
     matched = {
         fqn: WeightTensor(

@@ -152,9 +152,10 @@ def test_a_sweep_over_directories_gives_each_its_folder_and_reuses_the_compile(
 def test_a_quantization_recipe_applies_to_fused_projections(
     llama_lm_build: tuple[flashrt_build.BuildResult, Path],
 ) -> None:
-    """`passes=llm quant=int8_wo`: q/k/v and gate/up fused, then quantized as
-    one by their rule; the package verifies, and `check` still sees the float
-    checkpoint, tensor by tensor, as the one it was built from."""
+    """`passes=llm quant=int8_dq_prefill`: q/k/v and gate/up fused, then
+    quantized as one by their rule, prefill's activations int8 too; the
+    package verifies, and `check` still sees the float checkpoint, tensor by
+    tensor, as the one it was built from."""
     from flashrt_build.errors import WeightsMismatch
     from flashrt_build.runtime.checkpoint import check_checkpoint
 
@@ -162,19 +163,19 @@ def test_a_quantization_recipe_applies_to_fused_projections(
     root = result.output_dir.parents[1]
     sizes = ["module.max_cache_len=64", "module.max_prompt=32"]
     # this test's weights are sharpened 15x, on which int8 errs more than on trained ones: a looser bound
-    recipe = ["quant=int8_wo", "quant.max_rel_error=0.2", "passes=llm"]
+    recipe = ["quant=int8_dq_prefill", "quant.max_rel_error=0.2", "passes=llm"]
     overrides = ["+module=causal_lm", f"module.pretrained={model_dir}", *sizes, "weights=external", *recipe]
     quantized = flashrt_build.build(compose([*overrides, f"output_root={root}"]))
     manifest = quantized.manifest
-    assert manifest["verification"]["passed"] is True and manifest["quant"]["name"] == "int8_wo"
-    assert quantized.output_dir.name.startswith("cpu-external-default-int8_wo-llm-pretrained_llama-")
+    assert manifest["verification"]["passed"] is True and manifest["quant"]["name"] == "int8_dq_prefill"
+    assert quantized.output_dir.name.startswith("cpu-external-default-int8_dq_prefill-llm-pretrained_llama-")
     assert manifest["weights"]["bytes"] < 0.6 * result.manifest["weights"]["bytes"]
     fused = [name for name, m in manifest["quant"]["modules"].items() if "fused_from" in m]
     assert len(fused) == 2 * 2 and all(manifest["quant"]["modules"][name]["config"] != "skip" for name in fused)
     parts = [t for t in manifest["weights"]["tensors"] if t.get("quantized")]
     assert {f"{name}.weight" for name in fused} <= {t["quantized"]["from"] for t in parts if t["dtype"] == "int8"}
     assert check_checkpoint(quantized.output_dir, model_dir) == {}  # the float checkpoint, unfused and unquantized
-    with pytest.raises(WeightsMismatch, match=r"quantized \(quant=int8_wo\)"):
+    with pytest.raises(WeightsMismatch, match=r"quantized \(quant=int8_dq_prefill\)"):
         flashrt_build.load(quantized.output_dir, weights=model_dir)  # parts, not float weights, bind
     assert flashrt_build.generate(flashrt_build.load(quantized.output_dir), PROMPT, 9).tokens.shape == (1, 9)
 

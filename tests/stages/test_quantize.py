@@ -23,6 +23,7 @@ from flashrt_build.config.compose import compose
 from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError, VerifyError, WeightsMismatch
 from flashrt_build.examples import MLP
+from flashrt_build.runtime.checkpoint import check_checkpoint
 from flashrt_build.stages import compile as compiled
 from flashrt_build.stages.compare import quantization_error
 from flashrt_build.stages.module import instantiate_module
@@ -368,11 +369,12 @@ def test_prefill_quantizing_its_activations_binds_the_very_weights_of_int8_wo(
     manifest = result.manifest
     assert manifest["verification"]["passed"] is True and manifest["verification"]["quantization"]["max_rel_err"] < 0.05
     assert manifest["quant"]["rules"][1]["methods"]["prefill"]["config"] == "Int8DynamicActivationInt8WeightConfig"
-    tensors = manifest["weights"]["tensors"]
-    assert {t["fqn"]: t["sha256"] for t in tensors} == {
-        t["fqn"]: t["sha256"] for t in lm_int8.manifest["weights"]["tensors"]
-    }
-    assert all(set(t["methods"]) == {"prefill", "decode"} for t in tensors if t.get("quantized"))  # one copy, both
+    # the very tensors int8_wo binds, each a part of the weight it was (`check` maps a float checkpoint back)
+    tensors = {t["fqn"]: (t["sha256"], t.get("quantized")) for t in manifest["weights"]["tensors"]}
+    assert tensors == {t["fqn"]: (t["sha256"], t.get("quantized")) for t in lm_int8.manifest["weights"]["tensors"]}
+    quantized = [t for t in manifest["weights"]["tensors"] if t.get("quantized")]
+    assert quantized and all(set(t["methods"]) == {"prefill", "decode"} for t in quantized)  # one copy, both
+    assert check_checkpoint(result.output_dir, trained_lm[0]) == {}
     prompt = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
     float_lm = instantiate_module(resolve_spec(compose(["+module=tiny_lm", f"module.checkpoint={trained_lm[0]}"])))
     expected = eager_greedy(float_lm, prompt, 40)
