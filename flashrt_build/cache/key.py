@@ -10,7 +10,8 @@ build is up to date costs a fraction of a build. Ingredients:
   top-level package), or the installed distribution's name and version
 - weights: the sha256 of each checkpoint file (every shard) and of each
   weight file the module's config names (a `from_pretrained` directory's
-  shards), and the seed that initialises random weights
+  shards), the renames that map its names, and the seed that initialises
+  random weights
 - model_files: the other files the module's config names (its `config.json`),
   which shape the graph
 - toolchain: torch, Python, the C++ compiler and its version, CUDA, the CPU
@@ -50,6 +51,7 @@ NOT_KEYED = {
     "allowed_targets": "a check the config passes before anything runs",
     "seed": "keys the weights (the `weights` ingredient): random initialisation",
     "module.checkpoint": "keyed by its files' digests (the `weights` ingredient), not where it is",
+    "module.checkpoint_rename": "which checkpoint tensor fills which weight: the `weights` ingredient, not the graph's",
     "module.files": "keyed by their digests (the `weights` ingredient), not where they are",
     "module.pretrained": "reaches the graph through `module.model` and `module.methods` it is interpolated into",
     "module.max_cache_len": "reaches the graph through `module.model` and `module.methods`",
@@ -108,6 +110,7 @@ def key_ingredients(
             "checkpoint": {f.name: digests[f.label] for f in spec.input_files if f.key == "module.checkpoint"} or None,
             "files": {label: sha for label, sha in digests.items() if kinds[label] == "weights"},
             "seed": spec.seed,
+            "checkpoint_rename": [list(rule) for rule in spec.checkpoint_rename],
         },
         "serve": spec.serve_defaults,
     }
@@ -139,7 +142,6 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
                 }
                 for m in spec.methods
             },
-            "checkpoint_rename": [list(rule) for rule in spec.checkpoint_rename],
         },
         "target": {"device": spec.device, "dtype": spec.dtype, "tf32": spec.tf32},
         "inductor": {

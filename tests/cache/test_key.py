@@ -56,11 +56,6 @@ KEYED = {
     "module.inputs": ("mlp", [], ["module.inputs.x.shape=[8,16]"]),
     "module.kwargs": ("mlp", [], ["+module.kwargs.scale=2"]),
     "module.methods": ("tiny_lm", [], ["module.methods.decode.inputs.position.high=32"]),
-    "module.checkpoint_rename": (
-        "mlp",
-        ["module.checkpoint={checkpoint}"],
-        ["module.checkpoint_rename=[{pattern:a,replace:b}]"],
-    ),
     "target.device": ("mlp", [], ["target.device=cuda"]),
     "target.dtype": ("mlp", [], ["target.dtype=bfloat16"]),
     "target.tf32": ("mlp", ["target=cuda", "target.dtype=float32"], ["target.tf32=true"]),
@@ -91,6 +86,11 @@ UNKEYED = {
     "quant.devices": (["quant=int8_wo"], ["quant.devices=[cpu]"], False),
     "quant.rtol": (["quant=int8_wo"], ["quant.rtol=0.1"], False),
     "seed": ([], ["seed=3"], True),
+    "module.checkpoint_rename": (
+        ["module.checkpoint={checkpoint}"],
+        ["module.checkpoint_rename=[{pattern:a,replace:b}]"],
+        True,
+    ),
     "quant.max_rel_error": (["quant=int8_wo"], ["quant.max_rel_error=0.5"], True),
     "serve.cuda_graphs": (["target=cuda"], ["serve.cuda_graphs=true"], True),
     "serve.max_graphs": ([], ["serve.max_graphs=2"], True),
@@ -129,8 +129,11 @@ def test_a_keyed_config_key_changes_the_graph_key(key: str, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("key", sorted(UNKEYED))
-def test_a_key_left_out_leaves_the_graph_key(key: str) -> None:
+def test_a_key_left_out_leaves_the_graph_key(key: str, tmp_path: Path) -> None:
     base, change, build_keyed = UNKEYED[key]
+    checkpoint = tmp_path / "mlp.safetensors"
+    save_file({"unused": torch.zeros(1)}, str(checkpoint))
+    base = [override.format(checkpoint=checkpoint) for override in base]
     before, after = _keys("+module=mlp", *base), _keys("+module=mlp", *base, *change)
     assert after["graph_key"] == before["graph_key"], change
     assert (after["build_key"] != before["build_key"]) is build_keyed, change
