@@ -30,6 +30,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ def main() -> None:
         "--only", choices=("prefill", "decode"), help="packages of this method alone (quicker builds), timed alone"
     )
     parser.add_argument("--no-baseline", action="store_true", help="packages only: no transformers + reduce-overhead")
+    parser.add_argument("--jobs", type=int, default=1, help="packages built at once (compiling is CPU work)")
     args = parser.parse_args()
     device = torch.device(args.target)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -85,13 +87,18 @@ def main() -> None:
                      *(["serve.cuda_graphs=true"] if device.type == "cuda" else []),
                      *[f"~module.methods.{m}" for m in ("prefill", "decode") if args.only not in (None, m)],
                      *args.extra]  # fmt: skip
-        builds = {}
         variants = {f"passes={passes}": [f"passes={passes}"] for passes in args.passes.split(",") if passes}
         variants |= {label: more.split() for label, _, more in (v.partition(":") for v in args.variant)}
-        for label, more in variants.items():
+
+        def build(label: str) -> dict[str, Any]:
+            more = variants[label]
             out, manifest, build_s = cli_build([*overrides, *more], Path(root) / "out" / label.replace("=", "-"))
             compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
-            builds[label] = {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more}
+            return {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more}
+
+        # Each build is its own CLI process: --jobs of them compile side by side, their build seconds sharing the CPU.
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            builds = dict(zip(variants, pool.map(build, variants), strict=True))
         results = measure(args, directory, builds, device, dtype)
         results["builds"] = {name: {k: v for k, v in b.items() if k != "out"} for name, b in builds.items()}
         command = "python bench/causal_lm.py " + " ".join(sys.argv[1:])
