@@ -155,7 +155,7 @@ def main() -> None:
         + "\n\nOne decode step's matmuls (16 layers and the lm_head): "
         + ", ".join(f"{name} {us / 1000:.3f} ms" for name, us in step.items())
         + f"; the bandwidth floor of their {sum(n * k * 2 * p for _, n, k, p in SHAPES) / 1e9:.2f} GB: "
-        + f"{sum(n * k * 2 * p for _, n, k, p in SHAPES) / peak / 1e9 * 1000:.3f} ms\n"
+        + f"{sum(n * k * 2 * p for _, n, k, p in SHAPES) / peak / 1e9:.3f} ms\n"
     )
     tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
     publish(
