@@ -1,0 +1,57 @@
+#!/bin/bash
+# Issue 37's GPU figures still to measure, as one device call that fits its limit:
+#
+#   bash bench/device_run.sh SECONDS STEP...      e.g.  bash bench/device_run.sh 580 decode prefill quant_decode
+#
+# Steps run in the order given, each while time is left (a step started with
+# too little time is skipped, one that runs out is stopped: its log says so).
+# Wheels under .whl/ (hydra-core, omegaconf, antlr4, transformers, torchao,
+# jsonschema and its needs: docs/development.md) are installed first when
+# present. Where $OUT is set (the device tool) the log and a tarball of the
+# results the steps wrote go there, two files whatever the steps.
+set -u
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export CXX=${CXX:-g++-12} PYTHONUNBUFFERED=1
+out=${OUT:-bench/results}
+log=$out/device_run.log
+marker=$(mktemp)
+total=$1
+shift
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } > "$log" 2>&1
+bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
+for step in "$@"; do
+  case $step in
+    decode)  # the decode goal: passes none and llm, and combo kernels without grouped attention
+      cmd=("${bench[@]}" --only decode --passes none,llm --variant "combo:passes=llm +inductor.methods.decode.combo_kernels=true"
+           --jobs 3 --out-name causal_lm_decode_combo) ;;
+    prefill)  # prefill 512 with and without the passes
+      cmd=("${bench[@]}" --only prefill --passes none,llm --no-baseline --jobs 2 --out-name causal_lm_prefill_passes) ;;
+    quant_decode)  # int8 and int4 weight-only against bf16 (random weights: the verification bound raised)
+      cmd=("${bench[@]}" --only decode --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_decode
+           --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
+           --variant "int4:passes=llm quant=int4_wo quant.max_rel_error=1") ;;
+    quant_prefill)  # int8 prefill: weight-only against int8_dq_prefill, against bf16
+      cmd=("${bench[@]}" --only prefill --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_prefill
+           --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
+           --variant "dq:passes=llm quant=int8_dq_prefill quant.max_rel_error=1") ;;
+    gemv)  # cuBLAS against a Triton GEMV at the decode step's shapes
+      cmd=(python3 bench/gemv_probe.py --block-n 2,4,8,16 --block-k 256,512,1024 --split-k 1,2,4 --warps 4,8) ;;
+    pytest)
+      cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu tests/) ;;
+    *) echo "== unknown step $step" >> "$log"; continue ;;
+  esac
+  left=$((total - SECONDS - 10))
+  if [ "$left" -lt 60 ]; then echo "== $step skipped: $left s left" >> "$log"; continue; fi
+  echo "== $step (${left} s left): ${cmd[*]}" >> "$log"
+  timeout "$left" "${cmd[@]}" >> "$log" 2>&1
+  echo "== $step rc=$?" >> "$log"
+  if [ -n "${OUT:-}" ]; then
+    find bench/results -newer "$marker" -type f -print0 | tar -cf "$OUT/results.tar" --null -T -
+  fi
+done
+grep "^== " "$log"
