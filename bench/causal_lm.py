@@ -263,10 +263,13 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             + first
             + ": "
             + ", ".join(
-                ", ".join(f"{title.split()[0]} {ratio(section, p, first):.3f}" for title, section in sections)
+                f"{p}: "
+                + ", ".join(f"{title.split()[0]} {ratio(section, p, first):.3f}" for title, section in sections)
                 for p in packages[1:]
             )
         )
+    if args.jobs > 1:
+        text += f"\n\nBuilt {args.jobs} at a time: each build's seconds shared the CPU with the others'."
     for name, build in results.get("builds", {}).items():
         text += f"\n\nBuild {name} (`{' '.join(build['overrides'])}`): {build['build_s']:.0f} s"
         text += f" (compile: {build['compile_s']})"
