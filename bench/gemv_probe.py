@@ -107,16 +107,19 @@ def replayed_us(gemv: Callable, x: torch.Tensor, weights: list[torch.Tensor], re
     return start.elapsed_time(end) * 1000 / (replays * len(weights))
 
 
+def int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--block-n", default="1,2,4,8,16")
-    parser.add_argument("--block-k", default="256,512,1024")
-    parser.add_argument("--split-k", default="1,2,4")
-    parser.add_argument("--warps", default="4,8")
+    parser.add_argument("--block-n", type=int_list, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--block-k", type=int_list, default=[256, 512, 1024])
+    parser.add_argument("--split-k", type=int_list, default=[1, 2, 4])
+    parser.add_argument("--warps", type=int_list, default=[4, 8])
     args = parser.parse_args()
-    ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
-    configs = list(itertools.product(ints(args.block_n), ints(args.block_k), ints(args.split_k), ints(args.warps)))
+    configs = list(itertools.product(args.block_n, args.block_k, args.split_k, args.warps))
     gpu = torch.cuda.get_device_name()
     peak = {"H100": 3.35, "H200": 4.8}.get(next((g for g in ("H100", "H200") if g in gpu), ""), float("nan"))
     torch.manual_seed(0)
@@ -144,6 +147,7 @@ def main() -> None:
         step["Triton GEMV"] += best[0] * per_step
         print(rows[-1], flush=True)
         del weights
+    step_bytes = sum(n * k * 2 * per_step for _, n, k, per_step in SHAPES)
     body = (
         f"{gpu} (peak {peak} TB/s), torch {torch.__version__}, triton {triton.__version__}; "
         f"best of {len(configs)} configurations (block_n, block_k, split_k, warps)\n\n"
@@ -154,8 +158,7 @@ def main() -> None:
         )
         + "\n\nOne decode step's matmuls (16 layers and the lm_head): "
         + ", ".join(f"{name} {us / 1000:.3f} ms" for name, us in step.items())
-        + f"; the bandwidth floor of their {sum(n * k * 2 * p for _, n, k, p in SHAPES) / 1e9:.2f} GB: "
-        + f"{sum(n * k * 2 * p for _, n, k, p in SHAPES) / peak / 1e9:.3f} ms\n"
+        + f"; the bandwidth floor of their {step_bytes / 1e9:.2f} GB: {step_bytes / peak / 1e9:.3f} ms\n"
     )
     tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
     publish(
