@@ -42,7 +42,11 @@ def grouped_sdpa(
     # float or per-head mask, attention sinks, heads of other widths.
     plain = mask is None or mask.dim() != 4 or mask.shape[1] != 1 or mask.dtype != torch.bool
     widths = {key.shape[-1], value.shape[-1]} != {dim}
-    if heads == kv_heads or dropout or plain or kwargs.get("s_aux") is not None or widths:
+    # On CUDA a folded query of symbolic length (prefill's dynamic prompt)
+    # makes SDPA's mask padding guard on the prompt, which export refuses
+    # (torch 2.11, H100); the decode step it is for has a concrete length.
+    symbolic = query.is_cuda and not isinstance(length, int)
+    if heads == kv_heads or dropout or plain or kwargs.get("s_aux") is not None or widths or symbolic:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
