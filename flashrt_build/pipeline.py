@@ -97,7 +97,7 @@ def _run_stages(plan: Plan) -> BuildResult:
     log.info("building %s <%s> for %s/%s, weights %s -> %s", spec.name, spec.target, spec.device, spec.dtype,
              spec.weights.value, spec.output_dir)  # fmt: skip
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
-    if spec.fuse_projections or spec.grouped_attention:  # before quantizing: fused float weights, quantized as one
+    if spec.any_pass:  # before quantizing: fused float weights, quantized as one
         timer.run("passes", passes_stage, module, spec)
     quantized = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
     timer.run("inputs", inputs_stage, module, spec)

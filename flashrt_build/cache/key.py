@@ -153,6 +153,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "name": spec.passes,
             "fuse_projections": spec.fuse_projections,
             "grouped_attention": spec.grouped_attention,
+            "gemv": spec.gemv,
         },
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's

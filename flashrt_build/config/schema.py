@@ -194,6 +194,8 @@ class PassesConfig:
     fuse_projections: bool = False
     # Grouped-query attention over the KV cache as it is, not a copy per query head.
     grouped_attention: bool = False
+    # One-row matmuls (a decode step's) as a Triton GEMV compiled into the package (CUDA).
+    gemv: bool = False
 
 
 @dataclass

@@ -5,14 +5,15 @@ its manifest sections and its log note.
     preflight.py       the config's checks that need torch: options, device, method names, targets
     module.py          instantiate the module, cast it (checkpoint.py: load its weights strictly)
     checkpoint.py      a checkpoint streamed into the module, names renamed, tied weights given once
-    passes.py          graph passes on the module before export: projections fused
+    passes.py          graph passes on the module before export: projections fused, and the others
     fused.py           the fused projections' layers: one Linear for the group, a slice for each member
     quantize.py        quantize its Linear weights by the `quant` recipe (torchao), a fused one by its members' rule
     attention.py       the grouped_attention pass: grouped-query attention without copying the cache
+    gemv.py            the gemv pass: a CUDA package's one-row matmuls as a Triton GEMV compiled in
     domain.py          the config's inputs against the eager module, before the compile
     inputs.py          seeded example inputs and torch.export dynamic shapes
     export.py          torch.export: one graph per method or an error naming the cause
-    custom_ops.py      custom operators in the graph: decomposed, their library recorded, or refused
+    custom_ops.py      custom operators in the graph: decomposed, their library recorded, Triton's kept, or refused
     int8_matmul.py     int8 matmuls a CUDA graph calls, padded past cuBLAS's 16-row floor
     compile.py         AOTInductor compiles each graph (or links a model kept by its key)
     archive.py         the .pt2 archive: constant names read, models combined, the contract sealed

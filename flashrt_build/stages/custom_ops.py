@@ -5,6 +5,8 @@ have a compiled kernel:
 - a C++ kernel stays: the shared library that registers it is recorded in the
   manifest (`libraries`) and loaded before the package, by `load` and by the
   C++ library;
+- a Triton operator (`torch.library.triton_op`, the `gemv` pass's) stays:
+  AOTInductor compiles its kernels into the package;
 - a Python-only operator (`torch.library.custom_op`) is decomposed into the
   operators its Python implementation calls, when that traces;
 - otherwise the build stops here, naming the operator and what to do, instead
@@ -32,14 +34,32 @@ TORCH_NAMESPACES = frozenset(
 
 
 def custom_operators(program: torch.export.ExportedProgram) -> list[torch._ops.OpOverload]:
-    """The operators outside torch's namespaces a graph calls, in order of first use."""
+    """The operators outside torch's namespaces a graph calls, in order of
+    first use, but for Triton operators (compiled into the package)."""
     found: dict[str, torch._ops.OpOverload] = {}
     for node in program.graph.nodes:
         target = node.target
         ours = node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-        if ours and target.namespace not in TORCH_NAMESPACES:
+        if ours and target.namespace not in TORCH_NAMESPACES and not triton_operator(target):
             found.setdefault(target.name(), target)
     return list(found.values())
+
+
+def triton_calls(program: torch.export.ExportedProgram) -> dict[str, int]:
+    """How many times the graph calls each Triton operator."""
+    calls: dict[str, int] = {}
+    for node in program.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and triton_operator(target):
+            calls[target.name()] = calls.get(target.name(), 0) + 1
+    return calls
+
+
+def triton_operator(op: torch._ops.OpOverload) -> bool:
+    """Is the operator a `triton_op`, whose kernels Inductor compiles into the package?"""
+    from torch._library.triton import triton_ops_to_kernels
+
+    return op._schema.name in triton_ops_to_kernels
 
 
 def python_only(op: torch._ops.OpOverload) -> bool:

@@ -30,7 +30,7 @@ from ..config.inputs import MethodSpec
 from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
-from .custom_ops import resolve_custom_ops
+from .custom_ops import resolve_custom_ops, triton_calls
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .int8_matmul import pad_int8_matmuls
 from .progress import Stage
@@ -175,6 +175,7 @@ def export_stage(
         exported.append(one)
     note = ", ".join(
         f"{e.method.label + ': ' if e.method.label else ''}{len(e.program.graph.nodes)} graph nodes"
+        + "".join(f", {count} {op} calls (Triton, compiled in)" for op, count in triton_calls(e.program).items())
         + (f", state {'threaded' if e.threaded else 'in place'}: {', '.join(e.state)}" if e.state else "")
         for e in exported
     )

@@ -13,6 +13,9 @@ changes no row (a scale per row, not per tensor).
 
 `grouped_attention` (attention.py): grouped-query attention over the KV
 cache as it is, not copied per query head.
+
+`gemv` (gemv.py): the one-row matmuls of a CUDA package (a decode step's)
+as a Triton GEMV compiled into it, instead of cuBLAS's GEMM kernels.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .attention import group_attention
 from .domain import preserved_buffers
 from .export import calling
 from .fused import FusedLinear, FusedSlice
+from .gemv import use_gemv
 from .inputs import make_inputs
 from .progress import Stage
 from .quantize import rows_kept_apart, torchao_configs
@@ -67,6 +71,11 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         switched = group_attention(module)
         notes.append(f"grouped_attention: {switched} model(s)" if switched else "grouped_attention: no grouped heads")
         section["grouped_attention"] = {"models": switched}
+    if spec.gemv:  # after fusing: the fused layers take it
+        layers = use_gemv(module, spec)
+        notes.append(f"gemv: {len(layers)} linear layers, for their one-row calls" if layers else
+                     f"gemv: no float linear layer on a CUDA device (target.device={spec.device})")  # fmt: skip
+        section["gemv"] = {"layers": len(layers)}
     return Stage(None, "; ".join(notes) or "none", {"passes": section} if len(section) > 1 else {})
 
 

@@ -66,6 +66,7 @@ KEYED = {
     "passes.name": ("mlp", [], ["passes.name=mine"]),
     "passes.fuse_projections": ("mlp", [], ["passes.fuse_projections=true"]),
     "passes.grouped_attention": ("mlp", [], ["passes.grouped_attention=true"]),
+    "passes.gemv": ("mlp", [], ["passes.gemv=true"]),
     "weights": ("mlp", [], ["weights=external"]),
     "serve.state": ("tiny_lm", [], ["serve.state=threaded"]),
     "release": ("mlp", [], ["release=true"]),

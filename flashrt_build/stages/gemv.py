@@ -1,0 +1,122 @@
+"""The `gemv` pass: a one-token step's matmuls as a Triton GEMV the package
+carries, instead of cuBLAS's GEMM kernels.
+
+At one row, a linear layer reads its whole weight to produce one output row:
+a GEMV, bound by memory. cuBLAS runs it as a GEMM tile; a plain Triton GEMV
+(two output rows a program, K in steps of 1024, fp32 sums) reads the same
+bytes 8-25% faster on every Llama-3.2-1B decode shape on an H100
+(bench/gemv_probe.py). The kernel is a `torch.library.triton_op`: export
+keeps it as one operator, and AOTInductor compiles its Triton source into
+the package, which loads and runs without Python like any other.
+
+Only float weights on a CUDA device take it, only while exporting (the eager
+reference that verifies the package keeps cuBLAS's matmul), and only where
+the call has one row (a static decode step); every other call of the layer
+(prefill, a batch) stays `linear`.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config.quant import SKIP
+from ..config.spec import BuildSpec
+
+BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
+FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_kernel(
+        w_ptr, x_ptr, b_ptr, y_ptr, N, K,
+        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """y[n] = sum_k w[n, k] x[k] (+ b[n]): BLOCK_N rows a program, K in
+        BLOCK_K steps, summed in fp32."""
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            cols = k + tl.arange(0, BLOCK_K)
+            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
+                        other=0.0)  # fmt: skip
+            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+            acc += w.to(tl.float32) * x[None, :].to(tl.float32)
+        y = tl.sum(acc, axis=1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
+
+    return gemv_kernel
+
+
+_OP: Any = None
+
+
+def gemv_op() -> Any:
+    """`torch.ops.flashrt.gemv(x, weight, bias)`: `linear` for an input of one
+    row, defined on first use (it needs Triton)."""
+    global _OP
+    if _OP is None:
+        import triton
+        from torch.library import triton_op, wrap_triton
+
+        kernel = _kernel()
+
+        @triton_op("flashrt::gemv", mutates_args=())
+        def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            n, k = weight.shape
+            out = x.new_empty((*x.shape[:-1], n))
+            block_k = min(BLOCK_K, triton.next_power_of_2(k))
+            wrap_triton(kernel)[(triton.cdiv(n, BLOCK_N),)](
+                weight, x.contiguous(), weight if bias is None else bias, out, n, k,
+                HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=WARPS,
+            )  # fmt: skip
+            return out
+
+        _OP = torch.ops.flashrt.gemv.default
+    return _OP
+
+
+def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    from .export import is_exporting
+
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    # Concrete one-row calls only: a symbolic row count (prefill's dynamic
+    # prompt) stays a GEMM, which its other sizes need.
+    if is_exporting() and type(rows) is int and rows == 1 and x.is_cuda:
+        return gemv_op()(x, layer.weight, layer.bias)
+    return nn.functional.linear(x, layer.weight, layer.bias)
+
+
+def gemv_layers(module: nn.Module, spec: BuildSpec) -> list[str]:
+    """The linear layers the pass gives a GEMV: float weights, contiguous,
+    on a CUDA device, that no `quant` rule quantizes."""
+    chosen = []
+    for name, layer in module.named_modules():
+        if not isinstance(layer, nn.Linear) or not isinstance(layer.weight, nn.Parameter):
+            continue
+        weight = layer.weight
+        if type(weight) is not nn.Parameter or weight.dtype not in FLOATS or not weight.is_contiguous():
+            continue
+        rule = spec.quant.rule_for(name) if spec.quant is not None else None
+        kept_float = rule is None or all(r.config == SKIP for r in (rule, *rule.methods.values()))
+        if weight.device.type == "cuda" and kept_float:
+            chosen.append(name)
+    return chosen
+
+
+def use_gemv(module: nn.Module, spec: BuildSpec) -> list[str]:
+    """Give the chosen layers the GEMV for their one-row calls; their FQNs."""
+    layers = gemv_layers(module, spec)
+    for name in layers:
+        layer = module.get_submodule(name)
+        layer.forward = types.MethodType(_forward, layer)
+    return layers

@@ -1,0 +1,75 @@
+"""The `gemv` pass (`passes.gemv=true`): the Triton kernel's sums equal
+`linear`'s (run in Triton's interpreter here; compiled on a GPU), a CUDA
+decode graph calls it for every float linear layer while prefill's dynamic
+prompt keeps its GEMMs, and a CPU target takes no layer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F401  (llama: the fixture)
+
+from flashrt_build.cache.plan import make_plan
+from flashrt_build.config.compose import compose
+from flashrt_build.stages.custom_ops import triton_calls
+from flashrt_build.stages.module import instantiate_stage
+from flashrt_build.stages.passes import passes_stage
+
+LAYERS = 2 * 4 + 1  # the llama family's 2 layers (fused q/k/v, o, fused gate/up, down) and the lm_head
+
+
+def test_the_gemv_kernel_sums_as_linear_does_in_the_triton_interpreter() -> None:
+    """Odd output sizes (a partial block of rows), K past one block and short
+    of one, with and without a bias, bf16 and fp32: within each dtype's rounding (fp32: of its sums)."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from flashrt_build.stages.gemv import gemv_op
+        torch.manual_seed(0)
+        for n, k, bias, dtype in [(7, 40, True, torch.bfloat16), (33, 2100, False, torch.bfloat16),
+                                  (5, 1024, True, torch.float32), (1, 3000, False, torch.float32)]:
+            w, x = torch.randn(n, k, dtype=dtype), torch.randn(1, 1, k, dtype=dtype)
+            b = torch.randn(n, dtype=dtype) if bias else None
+            y = gemv_op()(x, w, b)
+            exact = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+            assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
+            ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -16  # an output rounding; fp32 sums
+            err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
+            assert err <= ulp, (n, k, bias, dtype, err)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_on_a_cpu_target_the_pass_takes_no_layer_and_says_why(llama: tuple[Path, Path]) -> None:  # noqa: F811
+    model_dir, root = llama
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.gemv=true")))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    stage = passes_stage(module, plan.spec)
+    assert stage.sections["passes"]["gemv"] == {"layers": 0}
+    assert "no float linear layer on a CUDA device (target.device=cpu)" in stage.note
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_decode_graph_calls_the_gemv_for_each_float_layer_and_prefill_none(
+    llama: tuple[Path, Path],  # noqa: F811
+) -> None:
+    model_dir, root = llama
+    plan, exported = exported_after_passes(model_dir, root, "target=cuda", "passes=llm", "passes.gemv=true")
+    calls = {e.method.name: triton_calls(e.program).get("flashrt::gemv", 0) for e in exported}
+    assert calls == {"prefill": 0, "decode": LAYERS}
+    # the layers a `quant` rule quantizes keep their own kernels: int8_wo skips the lm_head alone
+    plan, exported = exported_after_passes(
+        model_dir, root, "target=cuda", "passes=llm", "passes.gemv=true", "quant=int8_wo"
+    )
+    assert {e.method.name: triton_calls(e.program).get("flashrt::gemv", 0) for e in exported}["decode"] == 1
