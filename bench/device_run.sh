@@ -15,7 +15,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
-export CXX=${CXX:-g++-12} PYTHONUNBUFFERED=1
+# g++-12 whatever the image sets: packages built with its default g++ segfault when loaded
+export CXX=g++-12 PYTHONUNBUFFERED=1
 out=${OUT:-bench/results}
 log=$out/device_run.log
 marker=$(mktemp)
@@ -26,9 +27,13 @@ shift
 bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
 for step in "$@"; do
   case $step in
-    decode)  # the decode goal: passes none and llm, and combo kernels without grouped attention
-      cmd=("${bench[@]}" --only decode --passes none,llm --variant "combo:passes=llm +inductor.methods.decode.combo_kernels=true"
-           --jobs 3 --out-name causal_lm_decode_combo) ;;
+    decode)  # the decode goal: passes none and llm, the Triton GEMV, and it with combo kernels
+      cmd=("${bench[@]}" --only decode --passes none,llm --variant "gemv:passes=llm passes.gemv=true"
+           --variant "gemv_combo:passes=llm passes.gemv=true +inductor.methods.decode.combo_kernels=true"
+           --no-baseline --jobs 4 --out-name causal_lm_decode_gemv) ;;
+    decode_baseline)  # the best package against transformers + reduce-overhead
+      cmd=("${bench[@]}" --only decode --passes llm --variant "gemv_combo:passes=llm passes.gemv=true +inductor.methods.decode.combo_kernels=true"
+           --jobs 2 --out-name causal_lm_decode_baseline) ;;
     prefill)  # prefill 512 with and without the passes
       cmd=("${bench[@]}" --only prefill --passes none,llm --no-baseline --jobs 2 --out-name causal_lm_prefill_passes) ;;
     quant_decode)  # int8 and int4 weight-only against bf16 (random weights: the verification bound raised)
