@@ -87,6 +87,11 @@ class QuantRule:
     # too), over the same quantized weights: a package binds one copy for all.
     methods: Mapping[str, QuantRule] = field(default_factory=dict)
 
+    @property
+    def keeps_float(self) -> bool:
+        """Does the rule leave its layers' weights float for every method (`skip`)?"""
+        return all(rule.config == SKIP for rule in (self, *self.methods.values()))
+
     def to_json(self) -> dict[str, Any]:
         record = {"pattern": self.pattern, "config": self.config, "args": dict(self.args), "optional": self.optional}
         if self.methods:

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config.quant import SKIP
 from ..config.spec import BuildSpec
+from .quantize import members
 
 BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -97,20 +97,22 @@ def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def gemv_layers(module: nn.Module, spec: BuildSpec) -> list[str]:
-    """The linear layers the pass gives a GEMV: float weights, contiguous,
-    on a CUDA device, that no `quant` rule quantizes."""
-    chosen = []
-    for name, layer in module.named_modules():
-        if not isinstance(layer, nn.Linear) or not isinstance(layer.weight, nn.Parameter):
-            continue
-        weight = layer.weight
-        if type(weight) is not nn.Parameter or weight.dtype not in FLOATS or not weight.is_contiguous():
-            continue
-        rule = spec.quant.rule_for(name) if spec.quant is not None else None
-        kept_float = rule is None or all(r.config == SKIP for r in (rule, *rule.methods.values()))
-        if weight.device.type == "cuda" and kept_float:
-            chosen.append(name)
-    return chosen
+    """The linear layers the pass gives a GEMV: those `takes_gemv` on a CUDA device."""
+    return [
+        name
+        for name, layer in module.named_modules()
+        if isinstance(layer, nn.Linear) and layer.weight.device.type == "cuda" and takes_gemv(name, layer, spec)
+    ]
+
+
+def takes_gemv(name: str, layer: nn.Linear, spec: BuildSpec) -> bool:
+    """Float weights, contiguous, that no `quant` rule quantizes (a fused
+    layer decided by its members' names, as the quantize stage decides it)."""
+    weight = layer.weight
+    if type(weight) is not nn.Parameter or weight.dtype not in FLOATS or not weight.is_contiguous():
+        return False
+    rule = spec.quant.rule_for(members(name, layer)[0]) if spec.quant is not None else None
+    return rule is None or rule.keeps_float
 
 
 def use_gemv(module: nn.Module, spec: BuildSpec) -> list[str]:

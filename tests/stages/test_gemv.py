@@ -18,6 +18,7 @@ from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F40
 from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
 from flashrt_build.stages.custom_ops import triton_calls
+from flashrt_build.stages.gemv import takes_gemv
 from flashrt_build.stages.module import instantiate_stage
 from flashrt_build.stages.passes import passes_stage
 
@@ -57,6 +58,26 @@ def test_on_a_cpu_target_the_pass_takes_no_layer_and_says_why(llama: tuple[Path,
     stage = passes_stage(module, plan.spec)
     assert stage.sections["passes"]["gemv"] == {"layers": 0}
     assert "no float linear layer on a CUDA device (target.device=cpu)" in stage.note
+
+
+def test_the_layers_a_quant_rule_keeps_float_take_it_a_fused_one_by_its_members_names(
+    llama: tuple[Path, Path],  # noqa: F811
+) -> None:
+    """Decided as the quantize stage decides them: `*self_attn.?_proj`
+    quantizes o_proj and the fused q/k/v layer (whose own name it does not
+    match), `*` keeps the rest."""
+    model_dir, root = llama
+    rules = "[{pattern: '*self_attn.?_proj', config: Int8WeightOnlyConfig}, {pattern: '*', config: skip}]"
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "quant=int8_wo", f"quant.rules={rules}")))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    passes_stage(module, plan.spec)
+    linears = {name: m for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    taken = sorted(name for name, layer in linears.items() if takes_gemv(name, layer, plan.spec))
+    assert taken == sorted(name for name in linears if not name.endswith(("q_proj__k_proj__v_proj", "o_proj")))
+    assert len(taken) == LAYERS - 2 * 2
+    # int8_wo's own rules: all but the lm_head quantized
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "quant=int8_wo")))
+    assert [name for name, layer in linears.items() if takes_gemv(name, layer, plan.spec)] == ["lm_head"]
 
 
 @pytest.mark.gpu
