@@ -27,12 +27,12 @@ shift
 bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
 for step in "$@"; do
   case $step in
-    decode)  # the decode goal: passes none and llm, the Triton GEMV, and it with combo kernels
-      cmd=("${bench[@]}" --only decode --passes none,llm --variant "gemv:passes=llm passes.gemv=true"
-           --variant "gemv_combo:passes=llm passes.gemv=true +inductor.methods.decode.combo_kernels=true"
+    decode)  # the decode goal: passes none and llm (the GEMV on), llm without the GEMV, and with combo kernels
+      cmd=("${bench[@]}" --only decode --passes none,llm --variant "no_gemv:passes=llm passes.gemv=false"
+           --variant "combo:passes=llm +inductor.methods.decode.combo_kernels=true"
            --no-baseline --jobs 4 --out-name causal_lm_decode_gemv) ;;
-    decode_baseline)  # the best package against transformers + reduce-overhead
-      cmd=("${bench[@]}" --only decode --passes llm --variant "gemv_combo:passes=llm passes.gemv=true +inductor.methods.decode.combo_kernels=true"
+    decode_baseline)  # the best package against transformers + reduce-overhead (after decode: its builds reused)
+      cmd=("${bench[@]}" --only decode --passes llm --variant "combo:passes=llm +inductor.methods.decode.combo_kernels=true"
            --jobs 2 --out-name causal_lm_decode_baseline) ;;
     prefill)  # prefill 512 with and without the passes
       cmd=("${bench[@]}" --only prefill --passes none,llm --no-baseline --jobs 2 --out-name causal_lm_prefill_passes) ;;
