@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +39,22 @@ def custom_operators(program: torch.export.ExportedProgram) -> list[torch._ops.O
     """The operators outside torch's namespaces a graph calls, in order of
     first use, but for Triton operators (compiled into the package)."""
     found: dict[str, torch._ops.OpOverload] = {}
-    for node in program.graph.nodes:
-        target = node.target
-        ours = node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-        if ours and target.namespace not in TORCH_NAMESPACES and not triton_operator(target):
-            found.setdefault(target.name(), target)
+    for op in _called_ops(program):
+        if op.namespace not in TORCH_NAMESPACES and not triton_operator(op):
+            found.setdefault(op.name(), op)
     return list(found.values())
 
 
 def triton_calls(program: torch.export.ExportedProgram) -> dict[str, int]:
     """How many times the graph calls each Triton operator."""
-    calls: dict[str, int] = {}
+    return dict(Counter(op.name() for op in _called_ops(program) if triton_operator(op)))
+
+
+def _called_ops(program: torch.export.ExportedProgram) -> Iterator[torch._ops.OpOverload]:
+    """The operator of each call in the graph, in order (one per call)."""
     for node in program.graph.nodes:
-        target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and triton_operator(target):
-            calls[target.name()] = calls.get(target.name(), 0) + 1
-    return calls
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            yield node.target
 
 
 def triton_operator(op: torch._ops.OpOverload) -> bool:

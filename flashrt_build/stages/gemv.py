@@ -17,6 +17,7 @@ the call has one row (a static decode step); every other call of the layer
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -57,32 +58,27 @@ def _kernel() -> Any:
     return gemv_kernel
 
 
-_OP: Any = None
-
-
+@functools.cache
 def gemv_op() -> Any:
     """`torch.ops.flashrt.gemv(x, weight, bias)`: `linear` for an input of one
     row, defined on first use (it needs Triton)."""
-    global _OP
-    if _OP is None:
-        import triton
-        from torch.library import triton_op, wrap_triton
+    import triton
+    from torch.library import triton_op, wrap_triton
 
-        kernel = _kernel()
+    kernel = _kernel()
 
-        @triton_op("flashrt::gemv", mutates_args=())
-        def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            n, k = weight.shape
-            out = x.new_empty((*x.shape[:-1], n))
-            block_k = min(BLOCK_K, triton.next_power_of_2(k))
-            wrap_triton(kernel)[(triton.cdiv(n, BLOCK_N),)](
-                weight, x.contiguous(), weight if bias is None else bias, out, n, k,
-                HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=WARPS,
-            )  # fmt: skip
-            return out
+    @triton_op("flashrt::gemv", mutates_args=())
+    def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        n, k = weight.shape
+        out = x.new_empty((*x.shape[:-1], n))
+        block_k = min(BLOCK_K, triton.next_power_of_2(k))
+        wrap_triton(kernel)[(triton.cdiv(n, BLOCK_N),)](
+            weight, x.contiguous(), weight if bias is None else bias, out, n, k,
+            HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=WARPS,
+        )  # fmt: skip
+        return out
 
-        _OP = torch.ops.flashrt.gemv.default
-    return _OP
+    return torch.ops.flashrt.gemv.default
 
 
 def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -96,15 +92,6 @@ def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return nn.functional.linear(x, layer.weight, layer.bias)
 
 
-def gemv_layers(module: nn.Module, spec: BuildSpec) -> list[str]:
-    """The linear layers the pass gives a GEMV: those `takes_gemv` on a CUDA device."""
-    return [
-        name
-        for name, layer in module.named_modules()
-        if isinstance(layer, nn.Linear) and layer.weight.device.type == "cuda" and takes_gemv(name, layer, spec)
-    ]
-
-
 def takes_gemv(name: str, layer: nn.Linear, spec: BuildSpec) -> bool:
     """Float weights, contiguous, that no `quant` rule quantizes (a fused
     layer decided by its members' names, as the quantize stage decides it)."""
@@ -116,9 +103,11 @@ def takes_gemv(name: str, layer: nn.Linear, spec: BuildSpec) -> bool:
 
 
 def use_gemv(module: nn.Module, spec: BuildSpec) -> list[str]:
-    """Give the chosen layers the GEMV for their one-row calls; their FQNs."""
-    layers = gemv_layers(module, spec)
-    for name in layers:
-        layer = module.get_submodule(name)
-        layer.forward = types.MethodType(_forward, layer)
+    """Give the linear layers on a CUDA device that `takes_gemv` the GEMV for
+    their one-row calls; their FQNs."""
+    layers = []
+    for name, layer in module.named_modules():
+        if isinstance(layer, nn.Linear) and layer.weight.device.type == "cuda" and takes_gemv(name, layer, spec):
+            layer.forward = types.MethodType(_forward, layer)  # type: ignore[method-assign]  # this layer only
+            layers.append(name)
     return layers
