@@ -154,6 +154,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "fuse_projections": spec.fuse_projections,
             "grouped_attention": spec.grouped_attention,
             "gemv": spec.gemv,
+            "decode_attention": spec.decode_attention,
         },
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's

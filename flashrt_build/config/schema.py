@@ -196,6 +196,8 @@ class PassesConfig:
     grouped_attention: bool = False
     # One-row matmuls (a decode step's) as a Triton GEMV compiled into the package (CUDA).
     gemv: bool = False
+    # A one-token step's attention as a Triton split-KV kernel over the cache as it is (CUDA).
+    decode_attention: bool = False
 
 
 @dataclass

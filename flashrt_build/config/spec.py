@@ -78,6 +78,7 @@ class BuildSpec:
     fuse_projections: bool = False  # passes.fuse_projections
     grouped_attention: bool = False  # passes.grouped_attention
     gemv: bool = False  # passes.gemv
+    decode_attention: bool = False  # passes.decode_attention
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
     allowed_targets: tuple[str, ...] = ()  # the effective allow-list of `_target_`s; (): any
     target_name: str = ""  # the target profile's name (`target.name`)
@@ -85,7 +86,7 @@ class BuildSpec:
     @property
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
-        return self.fuse_projections or self.grouped_attention or self.gemv
+        return self.fuse_projections or self.grouped_attention or self.gemv or self.decode_attention
 
     @property
     def default_method(self) -> MethodSpec:
@@ -161,6 +162,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         fuse_projections=bool(config["passes"]["fuse_projections"]),
         grouped_attention=bool(config["passes"]["grouped_attention"]),
         gemv=bool(config["passes"]["gemv"]),
+        decode_attention=bool(config["passes"]["decode_attention"]),
         import_paths=module.import_paths,
         allowed_targets=module.allowed_targets,
         target_name=str(config["target"]["name"]),

@@ -16,6 +16,10 @@ cache as it is, not copied per query head.
 
 `gemv` (gemv.py): the one-row matmuls of a CUDA package (a decode step's)
 as a Triton GEMV compiled into it, instead of cuBLAS's GEMM kernels.
+
+`decode_attention` (decode_attention.py): a CUDA package's one-token
+attention as a Triton split-KV kernel over the cache as it is, instead of
+SDPA's per-head copies and cuDNN over every cache position.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch import nn
 
 from ..config.spec import BuildSpec
 from .attention import group_attention
+from .decode_attention import use_decode_attention
 from .domain import preserved_buffers
 from .export import calling
 from .fused import FusedLinear, FusedSlice
@@ -76,6 +81,11 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append(f"gemv: {len(layers)} linear layers, for their one-row calls" if layers else
                      f"gemv: no float linear layer on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["gemv"] = {"layers": len(layers)}
+    if spec.decode_attention:  # after grouped_attention: its attention is the fallback
+        switched = use_decode_attention(module)
+        notes.append(f"decode_attention: {switched} model(s), for their one-token calls" if switched else
+                     f"decode_attention: no SDPA model on a CUDA device (target.device={spec.device})")  # fmt: skip
+        section["decode_attention"] = {"models": switched}
     return Stage(None, "; ".join(notes) or "none", {"passes": section} if len(section) > 1 else {})
 
 

@@ -67,6 +67,7 @@ KEYED = {
     "passes.fuse_projections": ("mlp", [], ["passes.fuse_projections=true"]),
     "passes.grouped_attention": ("mlp", [], ["passes.grouped_attention=true"]),
     "passes.gemv": ("mlp", [], ["passes.gemv=true"]),
+    "passes.decode_attention": ("mlp", [], ["passes.decode_attention=true"]),
     "weights": ("mlp", [], ["weights=external"]),
     "serve.state": ("tiny_lm", [], ["serve.state=threaded"]),
     "release": ("mlp", [], ["release=true"]),

@@ -106,9 +106,10 @@ def test_replayed_greedy_tokens_equal_transformers_bf16_eager(
 def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     trained_llama: tuple[flashrt_build.BuildResult, Path, torch.Tensor],
 ) -> None:
-    """Fused projections, grouped attention (its CUDA kernels under a mask)
-    and the Triton GEMV of the decode step's matmuls, which the CPU tests
-    cannot reach: verified and greedy as transformers."""
+    """Fused projections, grouped attention (its CUDA kernels under a mask,
+    prefill's), the Triton GEMV of the decode step's matmuls and its Triton
+    attention, which the CPU tests cannot reach: verified and greedy as
+    transformers."""
     result, directory, _ = trained_llama
     passes = flashrt_build.build(
         compose(
@@ -124,12 +125,14 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
                 "passes=llm",
                 "passes.grouped_attention=true",
                 "passes.gemv=true",
+                "passes.decode_attention=true",
             ]
         )  # fmt: skip
     )
     assert passes.manifest["verification"]["passed"] and passes.manifest["passes"]["grouped_attention"]["models"] == 1
     # per layer the fused q/k/v, o, the fused gate/up and down; then the lm_head
     assert passes.manifest["passes"]["gemv"] == {"layers": 2 * 4 + 1}
+    assert passes.manifest["passes"]["decode_attention"] == {"models": 1}
     prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2)).cuda()
     tokens = flashrt_build.generate(flashrt_build.load(passes.output_dir), prompt, 64).tokens
     assert torch.equal(tokens, transformers_bf16_tokens(directory, prompt, 64))

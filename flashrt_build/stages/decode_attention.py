@@ -1,0 +1,226 @@
+"""The `decode_attention` pass: a one-token step's attention as a Triton
+split-KV kernel the package carries, reading the KV cache as it is.
+
+For a decode step transformers' SDPA attention copies each layer's whole
+cache once per query head it serves (`repeat_kv`: 8 MB a layer at
+Llama-3.2-1B's width and 1024 positions), turns the boolean mask into a
+float bias, and runs cuDNN's attention over every position of the static
+cache, filled or not: six kernels a layer, 0.22 ms of a 1.4 ms step on an
+H100 (BENCHMARKS.md). This kernel reads each KV head once for all the
+query heads of its group, skips the blocks the mask hides (the unfilled
+cache), and splits the positions over programs whose partial softmaxes a
+second kernel merges (flash-decoding): two kernels a layer.
+
+Like the `gemv` pass it applies only while exporting (the eager reference
+that verifies the package keeps SDPA), only on CUDA, only to a query of one
+concrete token in bf16 or fp16 with a boolean mask (or none); every other
+call (prefill, dropout, sinks, a float mask) keeps the attention it had.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attention import NAME as GROUPED
+from .attention import grouped_sdpa
+
+NAME = "flashrt_decode_sdpa"  # falls back to transformers' SDPA
+GROUPED_NAME = "flashrt_decode_grouped_sdpa"  # falls back to the grouped_attention pass's
+BLOCK_L = 64  # cache positions a loop step reads
+PROGRAMS = 128  # programs a call aims at (about one wave of an H100's 132 SMs): sets the split
+HALVES = (torch.bfloat16, torch.float16)
+
+
+def _kernels() -> tuple[Any, Any]:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_kernel(
+        q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr, length, scale,
+        sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l,
+        KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+        SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr,
+    ):  # fmt: skip
+        """One (batch, KV head) pair's query heads over one chunk of the
+        cache: the chunk's unnormalised output, its running max and sum.
+        The dots take fp32 (TF32 on a GPU, which holds a bf16 or fp16 input
+        exactly): Triton's interpreter gets a bf16 dot wrong (3.x)."""
+        pair, split = tl.program_id(0), tl.program_id(1)
+        b, kv = pair // KV_HEADS, pair % KV_HEADS
+        g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
+        q = tl.load(q_ptr + b * sq_b + (kv * GROUPS + g)[:, None] * sq_h + d[None, :],
+                    mask=(g[:, None] < GROUPS) & (d[None, :] < D), other=0.0).to(tl.float32)  # fmt: skip
+        m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+        l_i = tl.zeros((G_PAD,), tl.float32)
+        acc = tl.zeros((G_PAD, D_PAD), tl.float32)
+        for start in range(split * CHUNK, split * CHUNK + CHUNK, BLOCK_L):
+            pos = start + tl.arange(0, BLOCK_L)
+            seen = pos < length
+            if HAS_MASK:
+                seen = seen & (tl.load(mask_ptr + b * sm_b + pos * sm_l, mask=pos < length, other=0) != 0)
+            if tl.max(seen.to(tl.int32), 0) > 0:  # a block the mask hides (the unfilled cache) reads nothing
+                rows = seen[:, None] & (d[None, :] < D)
+                k = tl.load(k_ptr + b * sk_b + kv * sk_h + pos[:, None] * sk_l + d[None, :], mask=rows, other=0.0)
+                s = tl.dot(q, tl.trans(k.to(tl.float32))) * scale
+                s = tl.where(seen[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(v_ptr + b * sv_b + kv * sv_h + pos[:, None] * sv_l + d[None, :], mask=rows, other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+                m_i = m_new
+        at = pair * SPLITS + split
+        tl.store(part_ptr + (at * G_PAD + g[:, None]) * D_PAD + d[None, :], acc)
+        tl.store(stats_ptr + (at * 2) * G_PAD + g, m_i)
+        tl.store(stats_ptr + (at * 2 + 1) * G_PAD + g, l_i)
+
+    @triton.jit
+    def merge_kernel(
+        part_ptr, stats_ptr, out_ptr, so_b, so_h,
+        KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+        SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        """A pair's chunks merged by their maxima: softmax(q k^T) v."""
+        pair = tl.program_id(0)
+        b, kv = pair // KV_HEADS, pair % KV_HEADS
+        g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
+        m = tl.full((G_PAD,), float("-inf"), tl.float32)
+        total = tl.zeros((G_PAD,), tl.float32)
+        acc = tl.zeros((G_PAD, D_PAD), tl.float32)
+        for split in range(SPLITS):
+            at = pair * SPLITS + split
+            m_s = tl.load(stats_ptr + (at * 2) * G_PAD + g)
+            m_new = tl.maximum(m, m_s)
+            # exp(-inf - -inf) is NaN: a chunk (or all so far) the mask hid counts 0
+            keep = tl.where(m_new == float("-inf"), 0.0, tl.exp(m - m_new))
+            take = tl.where(m_new == float("-inf"), 0.0, tl.exp(m_s - m_new))
+            total = total * keep + tl.load(stats_ptr + (at * 2 + 1) * G_PAD + g) * take
+            part = tl.load(part_ptr + (at * G_PAD + g[:, None]) * D_PAD + d[None, :])
+            acc = acc * keep[:, None] + part * take[:, None]
+            m = m_new
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        tl.store(out_ptr + b * so_b + (kv * GROUPS + g)[:, None] * so_h + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=(g[:, None] < GROUPS) & (d[None, :] < D))  # fmt: skip
+
+    return split_kernel, merge_kernel
+
+
+def split_of(pairs: int, length: int) -> tuple[int, int]:
+    """(splits, chunk): the cache's positions cut into chunks of whole
+    blocks, as many as bring the programs near PROGRAMS."""
+    blocks = -(-length // BLOCK_L)
+    splits = max(1, min(blocks, PROGRAMS // max(pairs, 1)))
+    chunk = -(-blocks // splits) * BLOCK_L
+    return -(-length // chunk), chunk
+
+
+@functools.cache
+def decode_attention_op() -> Any:
+    """`torch.ops.flashrt.decode_attention(query, key, value, mask, scale)`:
+    query (batch, heads, 1, dim); key and value (batch, kv_heads, length,
+    dim); mask None or boolean (batch or 1, length); out (batch, 1, heads, dim)."""
+    import triton
+    from torch.library import triton_op, wrap_triton
+
+    split_kernel, merge_kernel = _kernels()
+
+    @triton_op("flashrt::decode_attention", mutates_args=())
+    def decode_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+    ) -> torch.Tensor:
+        batch, heads, _, dim = query.shape
+        kv_heads, length = key.shape[1], key.shape[2]
+        groups = heads // kv_heads
+        g_pad, d_pad = max(16, triton.next_power_of_2(groups)), max(16, triton.next_power_of_2(dim))
+        splits, chunk = split_of(batch * kv_heads, length)
+        part = query.new_empty((batch * kv_heads * splits, g_pad, d_pad), dtype=torch.float32)
+        stats = query.new_empty((batch * kv_heads * splits, 2, g_pad), dtype=torch.float32)
+        out = query.new_empty((batch, 1, heads, dim))
+        query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+        shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits)
+        wrap_triton(split_kernel)[(batch * kv_heads, splits)](
+            query, key, value, key if mask is None else mask, part, stats, length, scale,
+            query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
+            value.stride(0), value.stride(1), value.stride(2),
+            0 if mask is None or mask.shape[0] == 1 else mask.stride(0), 0 if mask is None else mask.stride(1),
+            CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, num_warps=4, **shape,
+        )  # fmt: skip
+        wrap_triton(merge_kernel)[(batch * kv_heads,)](part, stats, out, out.stride(0), out.stride(2), **shape,
+                                                        num_warps=4)  # fmt: skip
+        return out
+
+    return torch.ops.flashrt.decode_attention.default
+
+
+def one_token_mask(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None | bool:
+    """The mask as the kernel takes it, (batch or 1, length) boolean, None
+    for no mask; False where the call is not the kernel's to run."""
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return False
+    if mask.shape[0] not in (1, query.shape[0]) or mask.shape[3] < key.shape[2]:
+        return False
+    return mask[:, 0, 0, : key.shape[2]]
+
+
+def _decode_sdpa(
+    fallback: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: (batch, heads, length, dim) in,
+    (batch, length, heads, dim) out; `fallback` where the kernel does not apply."""
+    from .export import is_exporting
+
+    batch, heads, length, dim = query.shape
+    mask = one_token_mask(query, key, attention_mask) if length == 1 else False
+    runs = (
+        is_exporting() and query.is_cuda and type(length) is int and length == 1 and mask is not False
+        and query.dtype in HALVES and key.dtype == value.dtype == query.dtype
+        and key.shape[-1] == value.shape[-1] == dim and heads % key.shape[1] == 0
+        and not dropout and kwargs.get("s_aux") is None and not kwargs.get("softcap")
+    )  # fmt: skip
+    if not runs:
+        return fallback(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    assert mask is not False
+    scale = dim**-0.5 if scaling is None else float(scaling)
+    return decode_attention_op()(query, key, value, mask, scale), None
+
+
+def use_decode_attention(module: nn.Module) -> int:
+    """Switch every transformers model in `module` that runs SDPA (or the
+    grouped_attention pass's) on a CUDA device to the kernel for its
+    one-token calls; how many configs were switched."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, functools.partial(_decode_sdpa, sdpa_attention_forward))
+    AttentionInterface.register(GROUPED_NAME, functools.partial(_decode_sdpa, grouped_sdpa))
+    AttentionMaskInterface.register(NAME, sdpa_mask)  # the boolean masks SDPA takes
+    AttentionMaskInterface.register(GROUPED_NAME, sdpa_mask)
+    on_cuda = any(p.is_cuda for p in module.parameters())
+    switched = 0
+    configs = {id(c): c for m in module.modules() if (c := getattr(m, "config", None)) is not None}
+    for config in configs.values():
+        chosen = getattr(config, "_attn_implementation", None)
+        if on_cuda and chosen in ("sdpa", GROUPED):
+            config._attn_implementation = NAME if chosen == "sdpa" else GROUPED_NAME
+            switched += 1
+    return switched

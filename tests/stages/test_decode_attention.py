@@ -1,0 +1,119 @@
+"""The `decode_attention` pass (`passes.decode_attention=true`): the Triton
+split-KV kernel's attention equals SDPA's over a grouped cache under a mask
+(run in Triton's interpreter here; compiled on a GPU), a CUDA decode graph
+calls it once a layer while prefill keeps SDPA, and a CPU target switches
+no model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F401  (llama: the fixture)
+
+from flashrt_build.cache.plan import make_plan
+from flashrt_build.config.compose import compose
+from flashrt_build.stages.custom_ops import triton_calls
+from flashrt_build.stages.decode_attention import BLOCK_L, PROGRAMS, one_token_mask, split_of
+from flashrt_build.stages.module import instantiate_stage
+from flashrt_build.stages.passes import passes_stage
+
+
+def attends_as_sdpa(device: str) -> None:
+    """The kernel against SDPA on `device` (a CPU: Triton's interpreter), in a fresh process.
+    Grouped heads (4 and 1 query heads a KV head, and 6), a cache of
+    partial blocks, a mask shared by the batch and one per sequence with
+    holes, no mask, one position seen (every other block skipped), head
+    widths short of a power of two: within a bf16/fp16 output rounding of
+    float64 SDPA over the cache repeated per head (an output rounding: the sums are fp32)."""
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from flashrt_build.stages.decode_attention import decode_attention_op
+        torch.manual_seed(0)
+        torch.set_default_device({device!r})
+        for batch, heads, kv, length, dim, seen, dtype, masks in [
+                (1, 8, 2, 300, 64, 130, torch.bfloat16, 1), (2, 6, 6, 64, 40, 64, torch.float16, 2),
+                (1, 4, 1, 1000, 32, 999, torch.bfloat16, 0), (2, 4, 2, 129, 16, 1, torch.bfloat16, 1)]:
+            q = torch.randn(batch, 1, heads, dim, dtype=dtype).transpose(1, 2)  # strided, as a model hands it
+            k, v = (torch.randn(batch, kv, length, dim, dtype=dtype) * 2 for _ in range(2))
+            mask = None
+            if masks:
+                mask = torch.zeros(masks, 1, 1, length + 7, dtype=torch.bool)  # wider than the cache, as transformers'
+                mask[..., :seen] = True
+                if masks == 2:
+                    mask[1, ..., 3:5] = False
+            out = decode_attention_op()(q, k, v, None if mask is None else mask[:, 0, 0, :length], dim ** -0.5)
+            g = heads // kv
+            exact = torch.nn.functional.scaled_dot_product_attention(
+                q.double(), k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1),
+                attn_mask=None if mask is None else mask[..., :length]).transpose(1, 2)
+            assert out.shape == (batch, 1, heads, dim) and out.dtype == dtype, (out.shape, out.dtype)
+            err = ((out.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
+            assert err <= (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10), (batch, heads, kv, length, err)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_the_kernel_attends_as_sdpa_does_in_the_triton_interpreter() -> None:
+    attends_as_sdpa("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_kernel_attends_as_sdpa_does() -> None:
+    """The same on a GPU: Triton compiled, its dots in TF32."""
+    attends_as_sdpa("cuda")
+
+
+@pytest.mark.parametrize(("pairs", "length"), [(8, 1024), (1, 300), (8, 64), (256, 4096), (2, 1)])
+def test_the_split_covers_the_cache_in_whole_blocks_near_the_programs_aimed_at(pairs: int, length: int) -> None:
+    splits, chunk = split_of(pairs, length)
+    assert chunk % BLOCK_L == 0 and (splits - 1) * chunk < length <= splits * chunk  # every position, no empty chunk
+    assert pairs * splits <= max(PROGRAMS, pairs)
+    if pairs * splits * 2 <= PROGRAMS:  # fewer programs than aimed at only where the blocks ran out
+        assert chunk == BLOCK_L
+
+
+def test_only_a_boolean_one_token_mask_that_covers_the_cache_is_the_kernels() -> None:
+    q, k = torch.zeros(2, 4, 1, 8), torch.zeros(2, 2, 16, 8)
+    mask = torch.ones(2, 1, 1, 20, dtype=torch.bool)
+    taken = one_token_mask(q, k, mask)
+    assert isinstance(taken, torch.Tensor) and taken.shape == (2, 16)
+    assert one_token_mask(q, k, None) is None
+    assert one_token_mask(q, k, mask.float()) is False  # a float bias
+    assert one_token_mask(q, k, mask.expand(2, 4, 1, 20)) is False  # per head
+    assert one_token_mask(q, k, mask[..., :8]) is False  # short of the cache
+
+
+def test_on_a_cpu_target_the_pass_switches_no_model_and_says_why(llama: tuple[Path, Path]) -> None:  # noqa: F811
+    model_dir, root = llama
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.decode_attention=true")))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    stage = passes_stage(module, plan.spec)
+    assert stage.sections["passes"]["decode_attention"] == {"models": 0}
+    assert "no SDPA model on a CUDA device (target.device=cpu)" in stage.note
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_cuda_decode_graph_calls_the_kernel_once_a_layer_and_prefill_never(
+    llama: tuple[Path, Path],  # noqa: F811
+    grouped: bool,
+) -> None:
+    """Over SDPA and over the grouped_attention pass alike (prefill falls back to either)."""
+    model_dir, root = llama
+    more = ["passes.grouped_attention=true"] if grouped else []
+    _, exported = exported_after_passes(model_dir, root, "target=cuda", "passes.decode_attention=true", *more)
+    calls = {e.method.name: triton_calls(e.program).get("flashrt::decode_attention", 0) for e in exported}
+    assert calls == {"prefill": 0, "decode": 2}
