@@ -64,15 +64,16 @@ def _kernels() -> tuple[Any, Any]:
             if HAS_MASK:
                 seen = seen & (tl.load(mask_ptr + b * sm_b + pos * sm_l, mask=pos < length, other=0) != 0)
             if tl.max(seen.to(tl.int32), 0) > 0:  # a block the mask hides (the unfilled cache) reads nothing
-                rows = seen[:, None] & (d[None, :] < D)
+                rows = seen[:, None] & (d[None, :] < D)  # a hidden position's row is not read
                 k = tl.load(k_ptr + b * sk_b + kv * sk_h + pos[:, None] * sk_l + d[None, :], mask=rows, other=0.0)
-                s = tl.dot(q, tl.trans(k.to(tl.float32))) * scale
+                v = tl.load(v_ptr + b * sv_b + kv * sv_h + pos[:, None] * sv_l + d[None, :], mask=rows, other=0.0)
+                # fp32 whatever type the scale comes as (AOTInductor passes a Python float as fp64)
+                s = (tl.dot(q, tl.trans(k.to(tl.float32))) * scale).to(tl.float32)
                 s = tl.where(seen[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(v_ptr + b * sv_b + kv * sv_h + pos[:, None] * sv_l + d[None, :], mask=rows, other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
                 m_i = m_new
         at = pair * SPLITS + split
@@ -84,29 +85,23 @@ def _kernels() -> tuple[Any, Any]:
     def merge_kernel(
         part_ptr, stats_ptr, out_ptr, so_b, so_h,
         KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLITS: tl.constexpr,
+        SPLITS: tl.constexpr, S_PAD: tl.constexpr,
     ):  # fmt: skip
-        """A pair's chunks merged by their maxima: softmax(q k^T) v."""
-        pair = tl.program_id(0)
-        b, kv = pair // KV_HEADS, pair % KV_HEADS
-        g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
-        m = tl.full((G_PAD,), float("-inf"), tl.float32)
-        total = tl.zeros((G_PAD,), tl.float32)
-        acc = tl.zeros((G_PAD, D_PAD), tl.float32)
-        for split in range(SPLITS):
-            at = pair * SPLITS + split
-            m_s = tl.load(stats_ptr + (at * 2) * G_PAD + g)
-            m_new = tl.maximum(m, m_s)
-            # exp(-inf - -inf) is NaN: a chunk (or all so far) the mask hid counts 0
-            keep = tl.where(m_new == float("-inf"), 0.0, tl.exp(m - m_new))
-            take = tl.where(m_new == float("-inf"), 0.0, tl.exp(m_s - m_new))
-            total = total * keep + tl.load(stats_ptr + (at * 2 + 1) * G_PAD + g) * take
-            part = tl.load(part_ptr + (at * G_PAD + g[:, None]) * D_PAD + d[None, :])
-            acc = acc * keep[:, None] + part * take[:, None]
-            m = m_new
-        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-        tl.store(out_ptr + b * so_b + (kv * GROUPS + g)[:, None] * so_h + d[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=(g[:, None] < GROUPS) & (d[None, :] < D))  # fmt: skip
+        """One query head's chunks, all read at once, merged by their
+        maxima: softmax(q k^T) v."""
+        head = tl.program_id(0)
+        b, h = head // (KV_HEADS * GROUPS), head % (KV_HEADS * GROUPS)
+        pair, g = b * KV_HEADS + h // GROUPS, h % GROUPS
+        s, d = tl.arange(0, S_PAD), tl.arange(0, D_PAD)
+        at = pair * SPLITS + s
+        m_s = tl.load(stats_ptr + (at * 2) * G_PAD + g, mask=s < SPLITS, other=float("-inf"))
+        l_s = tl.load(stats_ptr + (at * 2 + 1) * G_PAD + g, mask=s < SPLITS, other=0.0)
+        part = tl.load(part_ptr + (at[:, None] * G_PAD + g) * D_PAD + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
+        m = tl.max(m_s, 0)
+        w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m))  # a chunk the mask hid counts 0 (not NaN)
+        total = tl.sum(l_s * w, 0)
+        out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
     return split_kernel, merge_kernel
 
@@ -151,8 +146,8 @@ def decode_attention_op() -> Any:
             0 if mask is None or mask.shape[0] == 1 else mask.stride(0), 0 if mask is None else mask.stride(1),
             CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, num_warps=4, **shape,
         )  # fmt: skip
-        wrap_triton(merge_kernel)[(batch * kv_heads,)](part, stats, out, out.stride(0), out.stride(2), **shape,
-                                                        num_warps=4)  # fmt: skip
+        merge = wrap_triton(merge_kernel)[(batch * heads,)]
+        merge(part, stats, out, out.stride(0), out.stride(2), S_PAD=triton.next_power_of_2(splits), **shape)
         return out
 
     return torch.ops.flashrt.decode_attention.default
