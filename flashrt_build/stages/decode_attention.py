@@ -202,6 +202,10 @@ def use_decode_attention(module: nn.Module) -> int:
     """Switch every transformers model in `module` that runs SDPA (or the
     grouped_attention pass's) on a CUDA device to the kernel for its
     one-token calls; how many configs were switched."""
+    configs = {id(c): c for m in module.modules() if (c := getattr(m, "config", None)) is not None}
+    chosen = [c for c in configs.values() if getattr(c, "_attn_implementation", None) in ("sdpa", GROUPED)]
+    if not chosen or not any(p.is_cuda for p in module.parameters()):
+        return 0
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -210,12 +214,6 @@ def use_decode_attention(module: nn.Module) -> int:
     AttentionInterface.register(GROUPED_NAME, functools.partial(_decode_sdpa, grouped_sdpa))
     AttentionMaskInterface.register(NAME, sdpa_mask)  # the boolean masks SDPA takes
     AttentionMaskInterface.register(GROUPED_NAME, sdpa_mask)
-    on_cuda = any(p.is_cuda for p in module.parameters())
-    switched = 0
-    configs = {id(c): c for m in module.modules() if (c := getattr(m, "config", None)) is not None}
-    for config in configs.values():
-        chosen = getattr(config, "_attn_implementation", None)
-        if on_cuda and chosen in ("sdpa", GROUPED):
-            config._attn_implementation = NAME if chosen == "sdpa" else GROUPED_NAME
-            switched += 1
-    return switched
+    for config in chosen:
+        config._attn_implementation = NAME if config._attn_implementation == "sdpa" else GROUPED_NAME
+    return len(chosen)
