@@ -16,12 +16,8 @@ import pytest
 import torch
 from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F401  (llama: the fixture)
 
-from flashrt_build.cache.plan import make_plan
-from flashrt_build.config.compose import compose
 from flashrt_build.stages.custom_ops import triton_calls
 from flashrt_build.stages.decode_attention import BLOCK_L, PROGRAMS, one_token_mask, split_of
-from flashrt_build.stages.module import instantiate_stage
-from flashrt_build.stages.passes import passes_stage
 
 
 def attends_as_sdpa(device: str) -> None:
@@ -93,15 +89,6 @@ def test_only_a_boolean_one_token_mask_that_covers_the_cache_is_the_kernels() ->
     assert one_token_mask(q, k, mask.float()) is False  # a float bias
     assert one_token_mask(q, k, mask.expand(2, 4, 1, 20)) is False  # per head
     assert one_token_mask(q, k, mask[..., :8]) is False  # short of the cache
-
-
-def test_on_a_cpu_target_the_pass_switches_no_model_and_says_why(llama: tuple[Path, Path]) -> None:  # noqa: F811
-    model_dir, root = llama
-    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.decode_attention=true")))
-    module = instantiate_stage(plan.spec, plan.digests).value
-    stage = passes_stage(module, plan.spec)
-    assert stage.sections["passes"]["decode_attention"] == {"models": 0}
-    assert "no SDPA model on a CUDA device (target.device=cpu)" in stage.note
 
 
 @pytest.mark.gpu

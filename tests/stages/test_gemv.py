@@ -51,15 +51,6 @@ def test_the_gemv_kernel_sums_as_linear_does_in_the_triton_interpreter() -> None
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
-def test_on_a_cpu_target_the_pass_takes_no_layer_and_says_why(llama: tuple[Path, Path]) -> None:  # noqa: F811
-    model_dir, root = llama
-    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.gemv=true")))
-    module = instantiate_stage(plan.spec, plan.digests).value
-    stage = passes_stage(module, plan.spec)
-    assert stage.sections["passes"]["gemv"] == {"layers": 0}
-    assert "no float linear layer on a CUDA device (target.device=cpu)" in stage.note
-
-
 def test_the_layers_a_quant_rule_keeps_float_take_it_a_fused_one_by_its_members_names(
     llama: tuple[Path, Path],  # noqa: F811
 ) -> None:

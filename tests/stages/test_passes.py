@@ -54,6 +54,19 @@ def exported_after_passes(model_dir: Path, root: Path, *more: str) -> tuple[Any,
     return plan, export_stage(module, plan.spec).value
 
 
+def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llama: tuple[Path, Path]) -> None:
+    """gemv and decode_attention are CUDA's: `passes=llm` on a CPU fuses and says the rest took nothing."""
+    model_dir, root = llama
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm")))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    stage = passes_stage(module, plan.spec)
+    assert stage.sections["passes"]["gemv"] == {"layers": 0}
+    assert stage.sections["passes"]["decode_attention"] == {"models": 0}
+    assert "no float linear layer on a CUDA device (target.device=cpu)" in stage.note
+    assert "no SDPA model on a CUDA device (target.device=cpu)" in stage.note
+    assert module.model.config._attn_implementation == "sdpa"  # eager and the package keep SDPA
+
+
 def test_fusing_projections_keeps_the_outputs_and_maps_every_row_back(llama: tuple[Path, Path]) -> None:
     model_dir, root = llama
     original, fused, section = fused_module(model_dir, root)
