@@ -27,13 +27,12 @@ shift
 bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
 for step in "$@"; do
   case $step in
-    decode)  # the decode goal: passes none and llm (the GEMV and the attention kernel on), llm without the GEMV, and with combo kernels
+    decode)  # the decode goal: passes none and llm (the GEMV, the attention kernel and decode's combo kernels on), llm without the GEMV, without combo kernels
       cmd=("${bench[@]}" --only decode --passes none,llm --variant "no_gemv:passes=llm passes.gemv=false"
-           --variant "combo:passes=llm +inductor.methods.decode.combo_kernels=true"
+           --variant "no_combo:passes=llm passes.combo_kernels=false"
            --no-baseline --jobs 4 --out-name causal_lm_decode_gemv) ;;
-    decode_baseline)  # the best package against transformers + reduce-overhead (after decode: its builds reused)
-      cmd=("${bench[@]}" --only decode --passes llm --variant "combo:passes=llm +inductor.methods.decode.combo_kernels=true"
-           --jobs 2 --out-name causal_lm_decode_baseline) ;;
+    decode_baseline)  # the shipped llm package against transformers + reduce-overhead (after decode: its build reused)
+      cmd=("${bench[@]}" --only decode --passes llm --jobs 1 --out-name causal_lm_decode_baseline) ;;
     prefill)  # prefill 512 with and without the passes
       cmd=("${bench[@]}" --only prefill --passes none,llm --no-baseline --jobs 2 --out-name causal_lm_prefill_passes) ;;
     quant_decode)  # int8 and int4 weight-only against bf16 (random weights: the verification bound raised)
@@ -51,11 +50,9 @@ for step in "$@"; do
 from causal_lm import save_model; save_model(Path(\"/tmp/w2/model\"), \"layers=2,hidden=2048,heads=32,kv_heads=8,mlp=8192,vocab=128256\", torch.bfloat16)' \
 && TORCH_LOGS=output_code python3 -m flashrt_build +module=causal_lm module.pretrained=/tmp/w2/model module.max_cache_len=1024 \
 module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' passes=llm output_root=/tmp/w2/out 2> $out/decode_code.log") ;;
-    decode_attention)  # passes=llm with and without its attention kernel, each with and without the decode combo kernels
+    decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
-           --variant "combo:passes=llm +inductor.methods.decode.combo_kernels=true"
-           --variant "no_attn_combo:passes=llm passes.decode_attention=false +inductor.methods.decode.combo_kernels=true"
-           --no-baseline --jobs 4 --out-name causal_lm_decode_attention) ;;
+           --no-baseline --jobs 2 --out-name causal_lm_decode_attention) ;;
     pytest)  # the GPU suite, or the tests PYTEST_ARGS names
       cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests/}) ;;
     *) echo "== unknown step $step" >> "$log"; continue ;;

@@ -155,6 +155,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "grouped_attention": spec.grouped_attention,
             "gemv": spec.gemv,
             "decode_attention": spec.decode_attention,
+            "combo_kernels": spec.combo_kernels,
         },
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's

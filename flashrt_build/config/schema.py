@@ -198,6 +198,9 @@ class PassesConfig:
     gemv: bool = False
     # A one-token step's attention as a Triton split-KV kernel over the cache as it is (CUDA).
     decode_attention: bool = False
+    # Inductor's combo kernels (small independent kernels launched as one) for
+    # the methods of static shapes (a decode step) on a CUDA device.
+    combo_kernels: bool = False
 
 
 @dataclass

@@ -79,6 +79,7 @@ class BuildSpec:
     grouped_attention: bool = False  # passes.grouped_attention
     gemv: bool = False  # passes.gemv
     decode_attention: bool = False  # passes.decode_attention
+    combo_kernels: bool = False  # passes.combo_kernels
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
     allowed_targets: tuple[str, ...] = ()  # the effective allow-list of `_target_`s; (): any
     target_name: str = ""  # the target profile's name (`target.name`)
@@ -86,7 +87,23 @@ class BuildSpec:
     @property
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
-        return self.fuse_projections or self.grouped_attention or self.gemv or self.decode_attention
+        passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.decode_attention, self.combo_kernels)
+        return any(passes)
+
+    @property
+    def combo_methods(self) -> tuple[str, ...]:
+        """The methods the combo_kernels pass compiles with Inductor's combo
+        kernels: on a CUDA device, those whose inputs have no dynamic
+        dimension (a decode step, where it was measured)."""
+        if not self.combo_kernels or not self.device.startswith("cuda"):
+            return ()
+        return tuple(m.name for m in self.methods if not any(i.dynamic for i in m.inputs))
+
+    def method_inductor_options_of(self, method: str) -> dict[str, Any]:
+        """Inductor options `method`'s compile sets over the profile's: the
+        combo_kernels pass's, then its own `inductor.methods` entry (which wins)."""
+        passes = {"combo_kernels": True} if method in self.combo_methods else {}
+        return {**passes, **self.method_inductor_options.get(method, {})}
 
     @property
     def default_method(self) -> MethodSpec:
@@ -163,6 +180,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         grouped_attention=bool(config["passes"]["grouped_attention"]),
         gemv=bool(config["passes"]["gemv"]),
         decode_attention=bool(config["passes"]["decode_attention"]),
+        combo_kernels=bool(config["passes"]["combo_kernels"]),
         import_paths=module.import_paths,
         allowed_targets=module.allowed_targets,
         target_name=str(config["target"]["name"]),

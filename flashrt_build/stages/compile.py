@@ -43,14 +43,15 @@ def mode_options(weights: WeightsMode) -> dict[str, Any]:
     return {"aot_inductor.package_constants_in_so": weights is WeightsMode.baked}
 
 
-def method_options(exported: Exported, declared: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def method_options(exported: Exported, spec: BuildSpec) -> dict[str, Any]:
     """Options one method's compile sets beyond the profile's (the manifest's
-    `methods.*.inductor_options`): its own from `inductor.methods` (`declared`),
-    and what its program needs. A program that writes its state in place
+    `methods.*.inductor_options`): the passes' and its own from
+    `inductor.methods` (`BuildSpec.method_inductor_options_of`), and what its
+    program needs. A program that writes its state in place
     reads it as a constant, and Inductor folds constants of one value into
     literals: a step counter's `steps + 1` became `1.0` on every call. Such
     programs compile without that folding."""
-    options = dict(declared.get(exported.method.name, {}))
+    options = spec.method_inductor_options_of(exported.method.name)
     if exported.state and not exported.threaded:
         options["joint_graph_constant_folding"] = False
     return options
@@ -99,7 +100,7 @@ def compile_stage(
                 continue
             target = f"{spec.target} method {name}" if spec.multi_method else spec.target
             with timer.stage(f"compile {name}" if spec.multi_method else "compile"):
-                own = {**options, **method_options(e, spec.method_inductor_options)}
+                own = {**options, **method_options(e, spec)}
                 compile_package(e.program, own, part, target, cache_dir)
             if spec.multi_method:
                 kept.keep(key, part)

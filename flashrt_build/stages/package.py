@@ -109,7 +109,7 @@ def _method_section(
         "outputs": output_specs(e),
         "kwargs": dict(e.method.kwargs),
         "state": e.state,
-        "inductor_options": method_options(e, spec.method_inductor_options),
+        "inductor_options": method_options(e, spec),
         "compiled": "reused" if compiled[e.method.name] else "built",
         **({"method_key": method_keys[e.method.name]} if spec.multi_method else {}),
     }

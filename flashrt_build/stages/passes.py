@@ -20,6 +20,9 @@ as a Triton GEMV compiled into it, instead of cuBLAS's GEMM kernels.
 `decode_attention` (decode_attention.py): a CUDA package's one-token
 attention as a Triton split-KV kernel over the cache as it is, instead of
 SDPA's per-head copies and cuDNN over every cache position.
+
+`combo_kernels`: Inductor's combo kernels for the methods of static shapes
+on a CUDA device (a decode step), set at their compile.
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append(f"decode_attention: {switched} model(s), for their one-token calls" if switched else
                      f"decode_attention: no SDPA model on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["decode_attention"] = {"models": switched}
+    if spec.combo_kernels:  # the compile stage sets the option (BuildSpec.method_inductor_options_of)
+        methods = spec.combo_methods
+        none = f"no static-shape method on a CUDA device (target.device={spec.device})"
+        notes.append(f"combo_kernels: {', '.join(methods) + ' (static shapes)' if methods else none}")
+        section["combo_kernels"] = {"methods": list(methods)}
     return Stage(None, "; ".join(notes) or "none", {"passes": section} if len(section) > 1 else {})
 
 

@@ -68,6 +68,7 @@ KEYED = {
     "passes.grouped_attention": ("mlp", [], ["passes.grouped_attention=true"]),
     "passes.gemv": ("mlp", [], ["passes.gemv=true"]),
     "passes.decode_attention": ("mlp", [], ["passes.decode_attention=true"]),
+    "passes.combo_kernels": ("mlp", [], ["passes.combo_kernels=true"]),
     "weights": ("mlp", [], ["weights=external"]),
     "serve.state": ("tiny_lm", [], ["serve.state=threaded"]),
     "release": ("mlp", [], ["release=true"]),

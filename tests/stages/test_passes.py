@@ -62,9 +62,34 @@ def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llam
     stage = passes_stage(module, plan.spec)
     assert stage.sections["passes"]["gemv"] == {"layers": 0}
     assert stage.sections["passes"]["decode_attention"] == {"models": 0}
+    assert stage.sections["passes"]["combo_kernels"] == {"methods": []}
     assert "no float linear layer on a CUDA device (target.device=cpu)" in stage.note
     assert "no SDPA model on a CUDA device (target.device=cpu)" in stage.note
+    assert "combo_kernels: no static-shape method on a CUDA device (target.device=cpu)" in stage.note
     assert module.model.config._attn_implementation == "sdpa"  # eager and the package keep SDPA
+    assert plan.spec.method_inductor_options_of("decode") == {}
+
+
+def test_on_a_cuda_target_llm_compiles_the_static_decode_step_with_combo_kernels(llama: tuple[Path, Path]) -> None:
+    """Prefill's dynamic prompt keeps Inductor's defaults; a method's own
+    `inductor.methods` entry wins over the pass."""
+    model_dir, root = llama
+    spec = make_plan(compose(llm_overrides(model_dir, root, "target=cuda", "passes=llm"))).spec
+    assert spec.combo_methods == ("decode",)
+    assert spec.method_inductor_options_of("decode") == {"combo_kernels": True}
+    assert spec.method_inductor_options_of("prefill") == {}
+    own = [
+        "target=cuda",
+        "passes=llm",
+        "+inductor.methods.decode.combo_kernels=false",
+        "+inductor.methods.decode.max_autotune=true",
+    ]
+    spec = make_plan(compose(llm_overrides(model_dir, root, *own))).spec
+    assert spec.method_inductor_options_of("decode") == {"combo_kernels": False, "max_autotune": True}
+    spec = make_plan(
+        compose(llm_overrides(model_dir, root, "target=cuda", "passes=llm", "passes.combo_kernels=false"))
+    ).spec
+    assert spec.combo_methods == () and spec.method_inductor_options_of("decode") == {}
 
 
 def test_fusing_projections_keeps_the_outputs_and_maps_every_row_back(llama: tuple[Path, Path]) -> None:
