@@ -90,26 +90,30 @@ def test_replayed_greedy_tokens_equal_transformers_bf16_eager(
     tokens = flashrt_build.generate(model, prompt, 64).tokens
     assert torch.equal(tokens[0, 1:].cpu(), cycle[tokens[0, :-1].cpu()])  # decided tokens: the rule it learned
     assert torch.equal(tokens, transformers_bf16_tokens(directory, prompt, 64))
+    assert cpp_tokens(result.output_dir, prompt, 64) == tokens[0].tolist()
 
+
+def cpp_tokens(out: Path, prompt: torch.Tensor, new: int) -> list[int]:
+    """Greedy tokens from flashrt-generate (C++, replayed graphs): the package without Python."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from cpp_runner import build_bench_tool
 
     ids = ",".join(map(str, prompt[0].tolist()))
     done = subprocess.run(
-        [build_bench_tool("flashrt-generate"), result.output_dir, "--prompt", ids, "--tokens", "64", "--cuda-graphs",
-         "--json"], capture_output=True, text=True, timeout=600, check=False,
+        [build_bench_tool("flashrt-generate"), out, "--prompt", ids, "--tokens", str(new), "--cuda-graphs", "--json"],
+        capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout)["tokens"] == tokens[0].tolist()
+    return json.loads(done.stdout)["tokens"]
 
 
 def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     trained_llama: tuple[flashrt_build.BuildResult, Path, torch.Tensor],
 ) -> None:
     """Fused projections, grouped attention (its CUDA kernels under a mask,
-    prefill's), the Triton GEMV of the decode step's matmuls and its Triton
-    attention, which the CPU tests cannot reach: verified and greedy as
-    transformers."""
+    prefill's), the Triton GEMV of the decode step's matmuls, its Triton
+    attention and combo kernels, which the CPU tests cannot reach: verified
+    and greedy as transformers, from Python and C++."""
     result, directory, _ = trained_llama
     passes = flashrt_build.build(
         compose(
@@ -122,10 +126,8 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
                 "weights=external",
                 "serve.cuda_graphs=true",
                 f"output_root={result.output_dir.parents[1]}",
-                "passes=llm",
+                "passes=llm",  # with gemv, decode_attention and combo_kernels
                 "passes.grouped_attention=true",
-                "passes.gemv=true",
-                "passes.decode_attention=true",
             ]
         )  # fmt: skip
     )
@@ -133,6 +135,9 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     # per layer the fused q/k/v, o, the fused gate/up and down; then the lm_head
     assert passes.manifest["passes"]["gemv"] == {"layers": 2 * 4 + 1}
     assert passes.manifest["passes"]["decode_attention"] == {"models": 1}
+    assert passes.manifest["passes"]["combo_kernels"] == {"methods": ["decode"]}
+    assert passes.manifest["methods"]["decode"]["inductor_options"]["combo_kernels"] is True
     prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2)).cuda()
     tokens = flashrt_build.generate(flashrt_build.load(passes.output_dir), prompt, 64).tokens
     assert torch.equal(tokens, transformers_bf16_tokens(directory, prompt, 64))
+    assert cpp_tokens(passes.output_dir, prompt, 64) == tokens[0].tolist()  # the Triton kernels run from C++ too
