@@ -182,9 +182,11 @@ def _decode_sdpa(
     from .export import is_exporting
 
     batch, heads, length, dim = query.shape
-    mask = one_token_mask(query, key, attention_mask) if length == 1 else False
+    # A symbolic length (prefill's dynamic prompt) is never compared: that would guard on it
+    one_token = type(length) is int and length == 1
+    mask = one_token_mask(query, key, attention_mask) if one_token else False
     runs = (
-        is_exporting() and query.is_cuda and type(length) is int and length == 1 and mask is not False
+        is_exporting() and query.is_cuda and one_token and mask is not False
         and query.dtype in HALVES and key.dtype == value.dtype == query.dtype
         and key.shape[-1] == value.shape[-1] == dim and heads % key.shape[1] == 0
         and not dropout and kwargs.get("s_aux") is None and not kwargs.get("softcap")
