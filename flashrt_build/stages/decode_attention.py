@@ -36,7 +36,7 @@ PROGRAMS = 128  # programs a call aims at (about one wave of an H100's 132 SMs):
 HALVES = (torch.bfloat16, torch.float16)
 
 
-def _kernels() -> tuple[Any, Any]:
+def _split_kernel() -> Any:
     import triton
     import triton.language as tl
 
@@ -82,6 +82,13 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(stats_ptr + (at * 2) * G_PAD + g, m_i)
         tl.store(stats_ptr + (at * 2 + 1) * G_PAD + g, l_i)
 
+    return split_kernel
+
+
+def _merge_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
     @triton.jit
     def merge_kernel(
         part_ptr, stats_ptr, out_ptr, so_b, so_h,
@@ -104,7 +111,7 @@ def _kernels() -> tuple[Any, Any]:
         out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
         tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
-    return split_kernel, merge_kernel
+    return merge_kernel
 
 
 def split_of(pairs: int, length: int) -> tuple[int, int]:
@@ -124,7 +131,7 @@ def decode_attention_op() -> Any:
     import triton
     from torch.library import triton_op, wrap_triton
 
-    split_kernel, merge_kernel = _kernels()
+    split_kernel, merge_kernel = _split_kernel(), _merge_kernel()
 
     @triton_op("flashrt::decode_attention", mutates_args=())
     def decode_attention(
