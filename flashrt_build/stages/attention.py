@@ -60,17 +60,26 @@ def grouped_sdpa(
     return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
-def group_attention(module: nn.Module) -> int:
-    """Switch every transformers model in `module` that runs SDPA over grouped
-    KV heads to `grouped_sdpa`; how many configs were switched."""
+def model_configs(module: nn.Module) -> list[Any]:
+    """The transformers configs of the models in `module`, each once."""
+    return list({id(c): c for m in module.modules() if (c := getattr(m, "config", None)) is not None}.values())
+
+
+def register_attention(name: str, attention: Any) -> None:
+    """Register `attention` with transformers under `name`, taking the boolean masks SDPA takes."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(NAME, grouped_sdpa)
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks SDPA takes
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def group_attention(module: nn.Module) -> int:
+    """Switch every transformers model in `module` that runs SDPA over grouped
+    KV heads to `grouped_sdpa`; how many configs were switched."""
+    register_attention(NAME, grouped_sdpa)
     switched = 0
-    configs = {id(c): c for m in module.modules() if (c := getattr(m, "config", None)) is not None}
-    for config in configs.values():
+    for config in model_configs(module):
         heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
         if getattr(config, "_attn_implementation", None) == "sdpa" and kv_heads and heads and kv_heads < heads:
             config._attn_implementation = NAME

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .attention import NAME as GROUPED
-from .attention import grouped_sdpa
+from .attention import grouped_sdpa, model_configs, register_attention
 
 NAME = "flashrt_decode_sdpa"  # falls back to transformers' SDPA
 GROUPED_NAME = "flashrt_decode_grouped_sdpa"  # falls back to the grouped_attention pass's
@@ -212,18 +212,13 @@ def use_decode_attention(module: nn.Module) -> int:
     """Switch every transformers model in `module` that runs SDPA (or the
     grouped_attention pass's) on a CUDA device to the kernel for its
     one-token calls; how many configs were switched."""
-    configs = {id(c): c for m in module.modules() if (c := getattr(m, "config", None)) is not None}
-    chosen = [c for c in configs.values() if getattr(c, "_attn_implementation", None) in ("sdpa", GROUPED)]
+    chosen = [c for c in model_configs(module) if getattr(c, "_attn_implementation", None) in ("sdpa", GROUPED)]
     if not chosen or not any(p.is_cuda for p in module.parameters()):
         return 0
-    from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(NAME, functools.partial(_decode_sdpa, sdpa_attention_forward))
-    AttentionInterface.register(GROUPED_NAME, functools.partial(_decode_sdpa, grouped_sdpa))
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # the boolean masks SDPA takes
-    AttentionMaskInterface.register(GROUPED_NAME, sdpa_mask)
+    register_attention(NAME, functools.partial(_decode_sdpa, sdpa_attention_forward))
+    register_attention(GROUPED_NAME, functools.partial(_decode_sdpa, grouped_sdpa))
     for config in chosen:
         config._attn_implementation = NAME if config._attn_implementation == "sdpa" else GROUPED_NAME
     return len(chosen)
