@@ -45,6 +45,8 @@ for step in "$@"; do
            --variant "dq:passes=llm quant=int8_dq_prefill quant.max_rel_error=1") ;;
     gemv)  # cuBLAS against a Triton GEMV at the decode step's shapes
       cmd=(python3 bench/gemv_probe.py --block-n 2,4,8,16 --block-k 256,512,1024 --split-k 1,2,4 --warps 4,8) ;;
+    fusion)  # the GEMV's configurations on this GPU, and its neighbours (norm, SiLU, residual add) fused in
+      cmd=(python3 bench/gemv_fusion_probe.py) ;;
     code)  # the decode step's generated code (2 layers at Llama-3.2-1B's width, passes=llm): which kernels, from what
       cmd=(bash -c "python3 -c 'import sys, torch; from pathlib import Path; sys.path.insert(0, \"bench\"); \
 from causal_lm import save_model; save_model(Path(\"/tmp/w2/model\"), \"layers=2,hidden=2048,heads=32,kv_heads=8,mlp=8192,vocab=128256\", torch.bfloat16)' \

@@ -1,0 +1,315 @@
+"""What is left of the decode step's GEMVs to win, probed on the GPU before
+any of it is built into a pass:
+
+1. The GEMV's own speed: the shipped kernel's configuration (2 rows a
+   program, K in steps of 1024, 4 warps) against wider steps, fewer or more
+   rows and warps, software pipelining and weights loaded `evict_first`
+   (they are read once a step: keeping them out of L2 leaves it to x).
+2. Its neighbours fused in: the RMSNorm before a projection (each program
+   sums x*x over the K it already reads and scales its sums at the end:
+   `y = rsqrt(mean(x^2) + eps) * W (x * g)`, no extra pass), SiLU(gate) * up
+   before `down`, the residual add after `o` and `down`; each against the
+   two kernels the package runs today (the pointwise kernel, then the GEMV).
+
+Every timing is a replayed CUDA graph over enough copies of the weight to
+stream it from HBM, as `gemv_probe.py` times them.
+
+    python bench/gemv_fusion_probe.py                   # a GPU: bench/results/gemv_fusion_probe_<gpu>.md
+    TRITON_INTERPRET=1 python bench/gemv_fusion_probe.py --check   # the kernels' numerics on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemv_probe import SHAPES, STREAMED_BYTES  # noqa: E402
+from report import RESULTS, publish, table  # noqa: E402
+
+NONE, NORM, GATED = 0, 1, 2  # the prologue: x as it is, RMSNorm(x) * g, SiLU(x) * u
+SHIPPED = (2, 1024, 4, 1, False)  # (block_n, block_k, warps, stages, evict_first): stages/gemv.py's
+
+
+@triton.jit
+def gemv_kernel(
+    w_ptr, x_ptr, v_ptr, r_ptr, y_ptr, N, K, eps,
+    PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, EVICT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """y[n] = sum_k w[n, k] p(x)[k] (+ r[n]); p is the prologue: x, x * v / rms(x) (v the
+    norm's weight, rms applied after the sum), or silu(x) * v (x the gate, v the up)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        cols = k + tl.arange(0, BLOCK_K)
+        mask = (rows[:, None] < N) & (cols[None, :] < K)
+        if EVICT:
+            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        if PROLOGUE == 1:
+            squares += x * x
+            x = x * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        elif PROLOGUE == 2:
+            x = x * tl.sigmoid(x) * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if PROLOGUE == 1:
+        y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
+    if RESIDUAL:
+        y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
+
+
+@triton.jit
+def add_norm_kernel(x_ptr, r_ptr, g_ptr, h_ptr, y_ptr, K, eps, BLOCK: tl.constexpr):
+    """What the package's norm kernels do, one program: h = x + r, y = g * h / rms(h)."""
+    cols = tl.arange(0, BLOCK)
+    h = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    h += tl.load(r_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    tl.store(h_ptr + cols, h.to(h_ptr.dtype.element_ty), mask=cols < K)
+    y = h * tl.rsqrt(tl.sum(h * h, axis=0) / K + eps) * tl.load(g_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=cols < K)
+
+
+@triton.jit
+def silu_mul_kernel(g_ptr, u_ptr, y_ptr, K, BLOCK: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    g = tl.load(g_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    tl.store(y_ptr + cols, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=cols < K)
+
+
+@triton.jit
+def add_kernel(x_ptr, r_ptr, y_ptr, K, BLOCK: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    tl.store(y_ptr + cols, (x + tl.load(r_ptr + cols, mask=cols < K, other=0.0)).to(y_ptr.dtype.element_ty),
+             mask=cols < K)  # fmt: skip
+
+
+Config = tuple[int, int, int, int, bool]
+EPS = 1e-5
+
+
+def gemv(config: Config, prologue: int = NONE, residual: bool = False) -> Callable[..., torch.Tensor]:
+    block_n, block_k, warps, stages, evict = config
+
+    def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None):
+        n, k = w.shape
+        y = torch.empty(n, device=w.device, dtype=w.dtype)
+        gemv_kernel[(triton.cdiv(n, block_n),)](
+            w, x, x if v is None else v, y if r is None else r, y, n, k, EPS,
+            PROLOGUE=prologue, RESIDUAL=residual, EVICT=evict,
+            BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)), STAGES=stages, num_warps=warps,
+        )  # fmt: skip
+        return y
+
+    return call
+
+
+def add_norm(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    add_norm_kernel[(1,)](x, r, g, h, y, x.numel(), EPS, BLOCK=triton.next_power_of_2(x.numel()), num_warps=8)
+    return h, y
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(g)
+    silu_mul_kernel[(triton.cdiv(g.numel(), 1024),)](g, u, y, g.numel(), BLOCK=1024)
+    return y
+
+
+def add(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    add_kernel[(triton.cdiv(x.numel(), 1024),)](x, r, y, x.numel(), BLOCK=1024)
+    return y
+
+
+def rms_norm(h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm."""
+    h32 = h.float()
+    return g * (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + EPS)).to(h.dtype)
+
+
+# The fusions, each as (name, shape, the package's kernels today, fused, reference). The callables
+# take (w, inputs), inputs = (x, r, g, gate, up, h) of the layer's sizes (`inputs`). Where a norm
+# moves into the GEMV, its residual add moves into the previous GEMV's epilogue (the `o` row):
+# today adds and normalizes x + r, the fused kernel normalizes h = x + r as that epilogue wrote it.
+def fusions(config: Config) -> list[tuple[str, str, Callable, Callable, Callable]]:
+    plain, norm, gated = gemv(config), gemv(config, NORM), gemv(config, GATED)
+    residual, gated_residual = gemv(config, residual=True), gemv(config, GATED, residual=True)
+    silu = torch.nn.functional.silu
+    return [
+        ("add + RMSNorm, then q/k/v", "qkv", lambda w, i: plain(w, add_norm(i[0], i[1], i[2])[1]),
+         lambda w, i: norm(w, i[5], i[2]), lambda w, i: w.float() @ rms_norm(i[5], i[2]).float()),
+        ("add + RMSNorm, then gate/up", "gate_up", lambda w, i: plain(w, add_norm(i[0], i[1], i[2])[1]),
+         lambda w, i: norm(w, i[5], i[2]), lambda w, i: w.float() @ rms_norm(i[5], i[2]).float()),
+        ("o, then the residual add", "o", lambda w, i: add(plain(w, i[0]), i[1][: w.shape[0]]),
+         lambda w, i: residual(w, i[0], None, i[1][: w.shape[0]]),
+         lambda w, i: w.float() @ i[0].float() + i[1][: w.shape[0]].float()),
+        ("SiLU(gate) * up, then down", "down", lambda w, i: plain(w, silu_mul(i[3], i[4])),
+         lambda w, i: gated(w, i[3], i[4]), lambda w, i: w.float() @ (silu(i[3].float()) * i[4].float())),
+        ("SiLU(gate) * up, down, the residual add", "down",
+         lambda w, i: add(plain(w, silu_mul(i[3], i[4])), i[1][: w.shape[0]]),
+         lambda w, i: gated_residual(w, i[3], i[4], i[1][: w.shape[0]]),
+         lambda w, i: w.float() @ (silu(i[3].float()) * i[4].float()) + i[1][: w.shape[0]].float()),
+    ]  # fmt: skip
+
+
+def inputs(k: int, mlp: int, device: str) -> tuple[torch.Tensor, ...]:
+    """(x, r, g, gate, up, h): an activation, a residual, a norm weight of K; a gate and an up of
+    the MLP's width; h = x + r."""
+    make = lambda n, s=1.0: (torch.randn(n, device=device) * s).to(torch.bfloat16)  # noqa: E731
+    x, r = make(k), make(k)
+    return x, r, make(k, 0.1) + 1, make(mlp), make(mlp), x + r
+
+
+def check(device: str) -> None:
+    """Every kernel and fusion against float references at small sizes (a CPU under TRITON_INTERPRET=1)."""
+    torch.manual_seed(0)
+    for config in [(2, 64, 4, 1, False), (4, 32, 2, 2, True), (1, 128, 4, 3, False)]:
+        for name, _, today, fused, reference in fusions(config):
+            w = torch.randn(24, 96, device=device).to(torch.bfloat16)
+            i = inputs(96, 96, device)
+            expected = reference(w, i)
+            for how, fn in (("today", today), ("fused", fused)):
+                got = fn(w, i).float()
+                error = ((got - expected).norm() / expected.norm()).item()
+                if error > 1e-2:
+                    raise SystemExit(f"{name} ({how}, {config}): relative error {error:.3g}")
+        print(f"{config}: the fusions agree with their references", flush=True)
+
+
+def replayed_us(call: Callable[..., object], weights: list[torch.Tensor], replays: int, *args: object) -> float:
+    """Microseconds a call `call(w, *args)`, each reading the next copy of the weight, from one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for w in weights[:2]:
+            call(w, *args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            call(w, *args)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (replays * len(weights))
+
+
+def streamed(n: int, k: int) -> list[torch.Tensor]:
+    count = max(2, math.ceil(STREAMED_BYTES / (n * k * 2)))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(count)]
+
+
+def int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def configurations(sizes: dict[str, tuple[int, int, int]], configs: list[Config], replays: int):
+    """Each shape's shipped and best configuration: (table rows, {shape: (best us, config)}, {shape: shipped us})."""
+    rows, best, shipped = [], {}, {}
+    for name, (n, k, _) in sizes.items():
+        weights, x = streamed(n, k), torch.randn(k, device="cuda", dtype=torch.bfloat16)
+        timed = {c: replayed_us(gemv(c), weights, replays, x) for c in configs}
+        best[name], shipped[name] = min((us, c) for c, us in timed.items()), timed[SHIPPED]
+        size, us = n * k * 2, best[name][0]
+        rows.append([name, f"{n}x{k}", f"{shipped[name]:.2f}", f"{size / shipped[name] / 1e6:.2f}", f"{us:.2f}",
+                     f"{size / us / 1e6:.2f}", str(best[name][1]), f"{us / shipped[name]:.3f}"])  # fmt: skip
+        print(rows[-1], flush=True)
+        del weights
+    return rows, best, shipped
+
+
+def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, replays: int) -> list[list[str]]:
+    """Each fusion's kernels today against its one kernel, at the shipped configuration and the shape's best."""
+    rows = []
+    mlp = sizes["down"][1]
+    for config_name, config in (("shipped", SHIPPED), ("best for the shape", None)):
+        for index, (name, shape, *_) in enumerate(fusions(SHIPPED)):
+            chosen = config or best[shape][1]
+            _, _, today, fused, _ = fusions(chosen)[index]
+            n, k, per_step = sizes[shape]
+            weights, i = streamed(n, k), inputs(k, mlp, "cuda")
+            a = replayed_us(today, weights, replays, i)
+            b = replayed_us(fused, weights, replays, i)
+            rows.append([name, config_name, str(chosen), f"{a:.2f}", f"{b:.2f}", f"{b / a:.3f}",
+                         f"{(a - b) * per_step:.1f}"])  # fmt: skip
+            print(rows[-1], flush=True)
+            del weights
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true", help="the kernels' numerics only (TRITON_INTERPRET=1: a CPU)")
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--block-n", type=int_list, default=[1, 2, 4])
+    parser.add_argument("--block-k", type=int_list, default=[1024, 2048])
+    parser.add_argument("--warps", type=int_list, default=[4, 8])
+    parser.add_argument("--stages", type=int_list, default=[1, 3])
+    args = parser.parse_args()
+    if args.check:
+        check("cpu" if not torch.cuda.is_available() else "cuda")
+        return
+    check("cuda")
+    configs = list(itertools.product(args.block_n, args.block_k, args.warps, args.stages, [False, True]))
+    gpu = torch.cuda.get_device_name()
+    peak = {"H100": 3.35, "H200": 4.8}.get(next((g for g in ("H100", "H200") if g in gpu), ""), float("nan"))
+    torch.manual_seed(0)
+    sizes = {name: (n, k, per_step) for name, n, k, per_step in SHAPES}
+    rows, best, shipped = configurations(sizes, configs, args.replays)
+    fused_rows = fused_against_today(sizes, best, args.replays)
+    step_shipped = sum(us * sizes[s][2] for s, us in shipped.items()) / 1000
+    step_best = sum(b[0] * sizes[s][2] for s, b in best.items()) / 1000
+    step_gb = sum(n * k * 2 * per_step for n, k, per_step in sizes.values()) / 1e9
+    body = (
+        f"{gpu} (peak {peak} TB/s), torch {torch.__version__}, triton {triton.__version__}; "
+        f"{len(configs)} configurations (block_n, block_k, warps, stages, evict_first)\n\n"
+        + table(
+            ["shape", "N x K", "shipped us", "TB/s", "best us", "TB/s", "best config", "best / shipped"],
+            rows,
+            "lrrrrrrlr",
+        )  # fmt: skip
+        + f"\nOne decode step's GEMVs: shipped {step_shipped:.3f} ms, best per shape {step_best:.3f} ms; "
+        f"the floor of their {step_gb:.2f} GB: {step_gb / peak:.3f} ms\n\n"
+        + "Fusions: the kernels the package runs today (the pointwise kernel, then the GEMV) against one kernel\n\n"
+        + table(
+            [
+                "fusion",
+                "GEMV config",
+                "(block_n, block_k, warps, stages, evict)",
+                "today us",
+                "fused us",
+                "fused / today",
+                "us saved a step",
+            ],
+            fused_rows,
+            "lllrrrr",
+        )  # fmt: skip
+    )
+    tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
+    publish(RESULTS / f"gemv_fusion_probe_{tag}.md", "Decode GEMVs: configurations and fused neighbours",
+            "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
