@@ -154,6 +154,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "fuse_projections": spec.fuse_projections,
             "grouped_attention": spec.grouped_attention,
             "gemv": spec.gemv,
+            "gemv_fusion": spec.gemv_fusion,
             "decode_attention": spec.decode_attention,
             "combo_kernels": spec.combo_kernels,
         },

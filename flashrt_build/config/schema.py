@@ -196,6 +196,8 @@ class PassesConfig:
     grouped_attention: bool = False
     # One-row matmuls (a decode step's) as a Triton GEMV compiled into the package (CUDA).
     gemv: bool = False
+    # The GEMV with its neighbours (RMSNorm, SiLU(gate) * up, the residual add) in one kernel.
+    gemv_fusion: bool = False
     # A one-token step's attention as a Triton split-KV kernel over the cache as it is (CUDA).
     decode_attention: bool = False
     # Inductor's combo kernels (small independent kernels launched as one) for

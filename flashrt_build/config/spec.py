@@ -78,6 +78,7 @@ class BuildSpec:
     fuse_projections: bool = False  # passes.fuse_projections
     grouped_attention: bool = False  # passes.grouped_attention
     gemv: bool = False  # passes.gemv
+    gemv_fusion: bool = False  # passes.gemv_fusion
     decode_attention: bool = False  # passes.decode_attention
     combo_kernels: bool = False  # passes.combo_kernels
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
@@ -87,7 +88,8 @@ class BuildSpec:
     @property
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
-        passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.decode_attention, self.combo_kernels)
+        passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.gemv_fusion, self.decode_attention,
+                  self.combo_kernels)  # fmt: skip
         return any(passes)
 
     @property
@@ -179,6 +181,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         fuse_projections=bool(config["passes"]["fuse_projections"]),
         grouped_attention=bool(config["passes"]["grouped_attention"]),
         gemv=bool(config["passes"]["gemv"]),
+        gemv_fusion=bool(config["passes"]["gemv_fusion"]),
         decode_attention=bool(config["passes"]["decode_attention"]),
         combo_kernels=bool(config["passes"]["combo_kernels"]),
         import_paths=module.import_paths,

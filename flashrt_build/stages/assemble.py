@@ -61,7 +61,7 @@ def assemble_manifest(
         "toolchain": sections["toolchain"],
         "inductor": {"options": _jsonable(options)},
         **({"quant": sections["quant"]} if "quant" in sections else {}),
-        **({"passes": sections["passes"]} if "passes" in sections else {}),
+        **({"passes": _passes(sections)} if "passes" in sections else {}),
         "release": spec.release,
         "config": dict(spec.config),
         "config_sha256": config_sha256(spec.config),
@@ -81,6 +81,12 @@ def finish_manifest(draft: Manifest, verification: Mapping[str, Any] | None, tim
     record["verification"] = dict(verification) if verification is not None else UNVERIFIED
     record["timings"] = timings
     return record
+
+
+def _passes(sections: Mapping[str, Any]) -> dict[str, Any]:
+    """The passes stage's record, with what the export stage's gemv_fusion rewrote."""
+    fused = {"gemv_fusion": sections["gemv_fusion"]} if "gemv_fusion" in sections else {}
+    return {**sections["passes"], **fused}
 
 
 def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:

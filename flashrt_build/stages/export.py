@@ -31,6 +31,7 @@ from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
 from .custom_ops import resolve_custom_ops, triton_calls
+from .gemv_fusion import FUSED, fuse_gemv_neighbours
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .int8_matmul import pad_int8_matmuls
 from .progress import Stage
@@ -160,6 +161,7 @@ def export_stage(
     decomposed: list[str] = []
     libraries: dict[str, list[str]] = {}
     padded = 0
+    fused: dict[str, dict[str, int]] = {}  # the gemv_fusion pass's rewrites, by method
     for method in spec.methods:
         example = make_inputs(spec, method=method)
         with swapped_weights(module, (method_weights or {}).get(method.name, {})):
@@ -169,6 +171,8 @@ def export_stage(
         one.program, python, compiled = resolve_custom_ops(one.program, spec.target, method.label)
         one.program, count = pad_int8_matmuls(one.program, spec.device)
         padded += count
+        if spec.gemv_fusion and (counts := fuse_gemv_neighbours(one.program)):
+            fused[method.name] = {what: counts[what] for what in FUSED}
         decomposed += [op for op in python if op not in decomposed]
         for path, ops in compiled.items():
             libraries.setdefault(path, []).extend(op for op in ops if op not in libraries.get(path, []))
@@ -183,8 +187,12 @@ def export_stage(
         note += f"; decomposed {', '.join(decomposed)} (Python-only custom operators)"
     if padded:
         note += f"; {padded} int8 matmuls given 16 rows more (cuBLAS takes more than 16)"
-    sections = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()]} if libraries else {}
-    return Stage(exported, note, sections)
+    for name, took in fused.items():
+        note += f"; {name}: fused into GEMVs " + ", ".join(f"{count} {what}" for what, count in took.items())
+    sections: dict[str, Any] = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()]}
+    if spec.gemv_fusion:
+        sections["gemv_fusion"] = {"methods": fused}
+    return Stage(exported, note, {k: v for k, v in sections.items() if v})
 
 
 def export_module(

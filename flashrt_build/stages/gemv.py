@@ -31,54 +31,102 @@ BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every 
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
+NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v, SiLU(x) * v (gemv_fusion.py)
+
+
+@functools.cache
 def _kernel() -> Any:
     import triton
     import triton.language as tl
 
     @triton.jit
     def gemv_kernel(
-        w_ptr, x_ptr, b_ptr, y_ptr, N, K,
-        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
+        PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
-        """y[n] = sum_k w[n, k] x[k] (+ b[n]): BLOCK_N rows a program, K in
-        BLOCK_K steps, summed in fp32."""
+        """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
+        program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
+        it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
+        anyway and scales its sums once at the end), or SiLU(x) * v."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
                         other=0.0)  # fmt: skip
-            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-            acc += w.to(tl.float32) * x[None, :].to(tl.float32)
+            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            if PROLOGUE == 1:
+                squares += x * x
+                x = x * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            elif PROLOGUE == 2:
+                x = x * tl.sigmoid(x) * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
         y = tl.sum(acc, axis=1)
+        if PROLOGUE == 1:  # eps arrives as fp64 from AOTInductor: the scale stays fp32
+            y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
 
     return gemv_kernel
+
+
+def _launch(
+    kernel: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    v: torch.Tensor | None = None, residual: torch.Tensor | None = None, eps: float = 0.0, prologue: int = NONE,
+) -> torch.Tensor:  # fmt: skip
+    import triton
+    from torch.library import wrap_triton
+
+    n, k = weight.shape
+    out = x.new_empty((*x.shape[:-1], n))
+    x = x.contiguous()
+    wrap_triton(kernel)[(triton.cdiv(n, BLOCK_N),)](
+        weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
+        out if residual is None else residual.contiguous(), out, n, k, eps,
+        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), num_warps=WARPS,
+    )  # fmt: skip
+    return out
 
 
 @functools.cache
 def gemv_op() -> Any:
     """`torch.ops.flashrt.gemv(x, weight, bias)`: `linear` for an input of one
     row, defined on first use (it needs Triton)."""
-    import triton
-    from torch.library import triton_op, wrap_triton
+    from torch.library import triton_op
 
     kernel = _kernel()
 
     @triton_op("flashrt::gemv", mutates_args=())
     def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        n, k = weight.shape
-        out = x.new_empty((*x.shape[:-1], n))
-        block_k = min(BLOCK_K, triton.next_power_of_2(k))
-        wrap_triton(kernel)[(triton.cdiv(n, BLOCK_N),)](
-            weight, x.contiguous(), weight if bias is None else bias, out, n, k,
-            HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=WARPS,
-        )  # fmt: skip
-        return out
+        return _launch(kernel, x, weight, bias)
 
     return torch.ops.flashrt.gemv.default
+
+
+@functools.cache
+def gemv_fused_op() -> Any:
+    """`torch.ops.flashrt.gemv_fused(x, weight, bias, v, residual, eps,
+    prologue)`: the GEMV with its neighbours in one kernel (gemv_fusion.py):
+    `linear(p(x), weight, bias) + residual`, p by `prologue` (NONE, NORM:
+    RMSNorm(x) * v with `eps`, GATED: SiLU(x) * v)."""
+    from torch.library import triton_op
+
+    kernel = _kernel()
+
+    @triton_op("flashrt::gemv_fused", mutates_args=())
+    def gemv_fused(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v: torch.Tensor | None,
+        residual: torch.Tensor | None, eps: float, prologue: int,
+    ) -> torch.Tensor:  # fmt: skip
+        return _launch(kernel, x, weight, bias, v, residual, eps, prologue)
+
+    return torch.ops.flashrt.gemv_fused.default
 
 
 def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:

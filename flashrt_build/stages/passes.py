@@ -17,6 +17,10 @@ cache as it is, not copied per query head.
 `gemv` (gemv.py): the one-row matmuls of a CUDA package (a decode step's)
 as a Triton GEMV compiled into it, instead of cuBLAS's GEMM kernels.
 
+`gemv_fusion` (gemv_fusion.py): the GEMV with the RMSNorm before it,
+SiLU(gate) * up before it or the residual add after it in one kernel,
+rewritten in the exported graph (the export stage runs it: here, a note).
+
 `decode_attention` (decode_attention.py): a CUDA package's one-token
 attention as a Triton split-KV kernel over the cache as it is, instead of
 SDPA's per-head copies and cuDNN over every cache position.
@@ -84,6 +88,11 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append(f"gemv: {len(layers)} linear layers, for their one-row calls" if layers else
                      f"gemv: no float linear layer on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["gemv"] = {"layers": len(layers)}
+    if spec.gemv_fusion:  # the export stage rewrites the graphs and records what it fused (gemv_fusion.py)
+        notes.append("gemv_fusion: at export, around each GEMV call" if spec.gemv and spec.device.startswith("cuda")
+                     else "gemv_fusion: no GEMV to fuse into (" + ("passes.gemv=false)" if not spec.gemv else
+                                                               f"target.device={spec.device})"))  # fmt: skip
+        section["gemv_fusion"] = {"methods": {}}  # by method, filled in at export
     if spec.decode_attention:  # after grouped_attention: its attention is the fallback
         switched = use_decode_attention(module)
         notes.append(f"decode_attention: {switched} model(s), for their one-token calls" if switched else

@@ -67,6 +67,7 @@ KEYED = {
     "passes.fuse_projections": ("mlp", [], ["passes.fuse_projections=true"]),
     "passes.grouped_attention": ("mlp", [], ["passes.grouped_attention=true"]),
     "passes.gemv": ("mlp", [], ["passes.gemv=true"]),
+    "passes.gemv_fusion": ("mlp", [], ["passes.gemv_fusion=true"]),
     "passes.decode_attention": ("mlp", [], ["passes.decode_attention=true"]),
     "passes.combo_kernels": ("mlp", [], ["passes.combo_kernels=true"]),
     "weights": ("mlp", [], ["weights=external"]),

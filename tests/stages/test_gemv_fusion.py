@@ -1,0 +1,142 @@
+"""The `gemv_fusion` pass (on in `passes=llm`): the fused GEMV kernel's
+prologues and epilogue (run in Triton's interpreter here), and the rewrite
+of an exported decode graph: every RMSNorm, SiLU gate and residual add
+around a GEMV taken into its kernel, nothing else, and the rewritten
+program's logits equal the eager module's.
+
+A CPU target takes no GEMV (the gemv pass is CUDA's), so the graph tests
+give the tiny models' linear layers the GEMV by hand, as the pass does on
+a GPU, and run the rewritten program in the interpreter in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from test_passes import llm_overrides
+
+from flashrt_build.cache.plan import make_plan
+from flashrt_build.config.compose import compose
+from flashrt_build.stages.domain import preserved_buffers
+from flashrt_build.stages.export import calling, export_stage, is_exporting
+from flashrt_build.stages.gemv import gemv_op
+from flashrt_build.stages.inputs import make_inputs
+from flashrt_build.stages.module import instantiate_stage
+from flashrt_build.stages.passes import passes_stage
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llm_families import save_family  # noqa: E402
+
+
+def in_interpreter(script: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_the_fused_kernel_normalizes_gates_and_adds_as_torch_does_in_the_triton_interpreter() -> None:
+    """Each prologue (none, RMSNorm * v, SiLU(x) * v) with and without a
+    bias and a residual, K past one block and short of one, an odd N, bf16
+    and fp32: within an output rounding of float64 torch (fp32: of its sums)."""
+    in_interpreter(
+        textwrap.dedent(
+            """
+            import torch
+            from flashrt_build.stages.gemv import GATED, NONE, NORM, gemv_fused_op
+            torch.manual_seed(0)
+            silu = torch.nn.functional.silu
+            for n, k, dtype in [(7, 40, torch.bfloat16), (33, 2100, torch.bfloat16), (5, 1024, torch.float32)]:
+                w, x, v = (torch.randn(shape, dtype=dtype) for shape in ((n, k), (1, 1, k), (k,)))
+                for prologue, bias, residual in [(NONE, True, True), (NORM, False, False), (NORM, True, True),
+                                                 (GATED, False, True), (GATED, True, False)]:
+                    b = torch.randn(n, dtype=dtype) if bias else None
+                    r = torch.randn(1, 1, n, dtype=dtype) if residual else None
+                    y = gemv_fused_op()(x, w, b, v if prologue else None, r, 1e-5, prologue)
+                    x64 = x.double()
+                    p = {NONE: x64, NORM: x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * v.double(),
+                         GATED: silu(x64) * v.double()}[prologue]
+                    exact = torch.nn.functional.linear(p, w.double(), None if b is None else b.double())
+                    exact = exact + (0 if r is None else r.double())
+                    assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
+                    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -16
+                    err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
+                    assert err <= ulp, (n, k, dtype, prologue, bias, residual, err)
+            print("ok")
+            """
+        )
+    )
+
+
+def _gemv_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The gemv pass's forward without its CUDA condition: one-row calls run the GEMV while exporting."""
+    rows = x.numel() // x.shape[-1]
+    if is_exporting() and type(rows) is int and rows == 1:
+        return gemv_op()(x, layer.weight, layer.bias)
+    return torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gemv_fusion")
+
+
+@pytest.mark.parametrize(
+    ("family", "fused"),
+    [
+        # 2 layers: q/k/v and gate/up after a norm, the lm_head after the final one; o and down add the residual
+        ("llama", {"norms": 5, "gates": 2, "residuals": 4}),
+        # Gemma's norm scales by 1 + w in fp32 (not transformers' Llama RMSNorm): left as it is
+        ("gemma", {"norms": 0, "gates": 0, "residuals": 4}),
+    ],
+)
+def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs_and_gives_eager_logits(
+    families: Path, family: str, fused: dict[str, int]
+) -> None:
+    model_dir = save_family(family, families / family)
+    overrides = llm_overrides(model_dir, families, "passes=llm", "~module.methods.prefill")
+    plan = make_plan(compose(overrides))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    passes_stage(module, plan.spec)
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.forward = types.MethodType(_gemv_forward, layer)
+    stage = export_stage(module, plan.spec)
+    program = stage.value[0].program
+    assert stage.sections["gemv_fusion"] == {"methods": {"decode": fused}}
+    assert f"decode: fused into GEMVs {fused['norms']} norms, {fused['gates']} gates" in stage.note
+    called = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    gemvs = called.count("flashrt.gemv.default") + called.count("flashrt.gemv_fused.default")
+    assert gemvs == 2 * 4 + 1  # every GEMV kept, fused or not
+    assert called.count("flashrt.gemv_fused.default") == (9 if fused["norms"] else 4)
+    if fused["norms"]:  # nothing left of the norms or the gate outside the GEMVs
+        assert not {"aten.rsqrt.default", "aten.silu.default"} & set(called)
+    example = make_inputs(plan.spec, method=plan.spec.methods[0])
+    with torch.no_grad(), preserved_buffers(module), calling(module, plan.spec.methods[0]):
+        expected = module(*example.args, **example.kwargs)
+    saved = families / f"{family}.pt2"
+    torch.export.save(program, saved)
+    torch.save({"args": example.args, "kwargs": example.kwargs, "expected": expected}, families / f"{family}.io")
+    in_interpreter(
+        textwrap.dedent(
+            f"""
+            import torch
+            from flashrt_build.stages.gemv import gemv_fused_op, gemv_op
+            gemv_op(), gemv_fused_op()  # registered: the saved graph calls them by name
+            program = torch.export.load({str(saved)!r})
+            io = torch.load({str(families / f"{family}.io")!r})
+            with torch.no_grad():
+                got = program.module()(*io["args"], **io["kwargs"])
+            expected = io["expected"]
+            assert got.shape == expected.shape, (got.shape, expected.shape)
+            err = ((got - expected).abs().max() / expected.abs().max()).item()
+            assert err < 1e-5, err
+            print("ok")
+            """
+        )
+    )
