@@ -25,22 +25,25 @@ shift
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } > "$log" 2>&1
 bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
+# results named by the card (h100, h200): a run on one kind never overwrites the other's
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+tag=$(case $gpu in *H200*) echo h200 ;; *H100*) echo h100 ;; *) echo gpu ;; esac)
 for step in "$@"; do
   case $step in
     decode)  # the decode goal: passes none and llm (the GEMV, the attention kernel and decode's combo kernels on), llm without the GEMV, without combo kernels
       cmd=("${bench[@]}" --only decode --passes none,llm --variant "no_gemv:passes=llm passes.gemv=false"
            --variant "no_combo:passes=llm passes.combo_kernels=false"
-           --no-baseline --jobs 4 --out-name causal_lm_decode_gemv) ;;
+           --no-baseline --jobs 4 --out-name causal_lm_decode_passes_$tag) ;;
     decode_baseline)  # the shipped llm package against transformers + reduce-overhead (after decode: its build reused)
-      cmd=("${bench[@]}" --only decode --passes llm --jobs 1 --out-name causal_lm_decode_baseline) ;;
+      cmd=("${bench[@]}" --only decode --passes llm --jobs 1 --out-name causal_lm_decode_baseline_$tag) ;;
     prefill)  # prefill 512 with and without the passes
-      cmd=("${bench[@]}" --only prefill --passes none,llm --no-baseline --jobs 2 --out-name causal_lm_prefill_passes) ;;
+      cmd=("${bench[@]}" --only prefill --passes none,llm --no-baseline --jobs 2 --out-name causal_lm_prefill_passes_$tag) ;;
     quant_decode)  # int8 and int4 weight-only against bf16 (random weights: the verification bound raised)
-      cmd=("${bench[@]}" --only decode --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_decode
+      cmd=("${bench[@]}" --only decode --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_decode_$tag
            --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
            --variant "int4:passes=llm quant=int4_wo quant.max_rel_error=1") ;;
     quant_prefill)  # int8 prefill: weight-only against int8_dq_prefill, against bf16
-      cmd=("${bench[@]}" --only prefill --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_prefill
+      cmd=("${bench[@]}" --only prefill --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_prefill_$tag
            --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
            --variant "dq:passes=llm quant=int8_dq_prefill quant.max_rel_error=1") ;;
     gemv)  # cuBLAS against a Triton GEMV at the decode step's shapes
@@ -53,11 +56,11 @@ from causal_lm import save_model; save_model(Path(\"/tmp/w2/model\"), \"layers=2
 && TORCH_LOGS=output_code python3 -m flashrt_build +module=causal_lm module.pretrained=/tmp/w2/model module.max_cache_len=1024 \
 module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' passes=llm output_root=/tmp/w2/out 2> $out/decode_code.log") ;;
     decode_fusion)  # passes=llm with and without gemv_fusion (the norms, SiLU gates and residual adds in the GEMVs)
-      cmd=("${bench[@]}" --only decode --passes llm --variant "no_fusion:passes=llm passes.gemv_fusion=false"
-           --no-baseline --jobs 2 --out-name causal_lm_decode_fusion) ;;
+      cmd=("${bench[@]}" --only decode --passes llm --variant "fusion:passes=llm passes.gemv_fusion=true"
+           --no-baseline --jobs 2 --out-name causal_lm_decode_fusion_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
-           --no-baseline --jobs 2 --out-name causal_lm_decode_attention) ;;
+           --no-baseline --jobs 2 --out-name causal_lm_decode_attention_$tag) ;;
     pytest)  # the GPU suite, or the tests PYTEST_ARGS names
       cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests/}) ;;
     *) echo "== unknown step $step" >> "$log"; continue ;;

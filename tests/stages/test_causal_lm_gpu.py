@@ -128,6 +128,7 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
                 f"output_root={result.output_dir.parents[1]}",
                 "passes=llm",  # with gemv, decode_attention and combo_kernels
                 "passes.grouped_attention=true",
+                "passes.gemv_fusion=true",
             ]
         )  # fmt: skip
     )
