@@ -1,15 +1,16 @@
-"""What is left of the decode step's GEMVs to win, probed on the GPU before
-any of it is built into a pass:
+"""The package's GEMV kernel (flashrt_build/stages/gemv.py), probed on a GPU
+at the decode step's shapes:
 
-1. The GEMV's own speed: the shipped kernel's configuration (2 rows a
-   program, K in steps of 1024, 4 warps) against wider steps, fewer or more
-   rows and warps, software pipelining and weights loaded `evict_first`
-   (they are read once a step: keeping them out of L2 leaves it to x).
-2. Its neighbours fused in: the RMSNorm before a projection (each program
-   sums x*x over the K it already reads and scales its sums at the end:
-   `y = rsqrt(mean(x^2) + eps) * W (x * g)`, no extra pass), SiLU(gate) * up
-   before `down`, the residual add after `o` and `down`; each against the
-   two kernels the package runs today (the pointwise kernel, then the GEMV).
+1. Its launch: the shipped configuration (2 rows a program, K in steps of
+   1024, 4 warps, Triton's default pipelining) against fewer or more rows
+   and warps, wider steps, no pipelining, and weights loaded `evict_first`
+   (read once a step: kept out of L2, which is left to x).
+2. Its neighbours fused in, as the `gemv_fusion` pass fuses them: the
+   RMSNorm before a projection (each program sums x*x over the K it reads
+   anyway and scales its sums at the end: `y = rsqrt(mean(x^2) + eps) * W (x * g)`,
+   no extra pass), SiLU(gate) * up before `down`, the residual add after `o`
+   and `down`; each against the two kernels a package without the pass runs
+   (a pointwise kernel, then the GEMV).
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
@@ -32,44 +33,14 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_probe import SHAPES, STREAMED_BYTES  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
-NONE, NORM, GATED = 0, 1, 2  # the prologue: x as it is, RMSNorm(x) * g, SiLU(x) * u
-SHIPPED = (2, 1024, 4, 1, False)  # (block_n, block_k, warps, stages, evict_first): stages/gemv.py's
+from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, GATED, NONE, NORM, WARPS, kernel  # noqa: E402
 
-
-@triton.jit
-def gemv_kernel(
-    w_ptr, x_ptr, v_ptr, r_ptr, y_ptr, N, K, eps,
-    PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, EVICT: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-):  # fmt: skip
-    """y[n] = sum_k w[n, k] p(x)[k] (+ r[n]); p is the prologue: x, x * v / rms(x) (v the
-    norm's weight, rms applied after the sum), or silu(x) * v (x the gate, v the up)."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        cols = k + tl.arange(0, BLOCK_K)
-        mask = (rows[:, None] < N) & (cols[None, :] < K)
-        if EVICT:
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
-        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        if PROLOGUE == 1:
-            squares += x * x
-            x = x * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        elif PROLOGUE == 2:
-            x = x * tl.sigmoid(x) * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, axis=1)
-    if PROLOGUE == 1:
-        y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
-    if RESIDUAL:
-        y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
+# (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch (Triton's default 3 stages)
+SHIPPED = (BLOCK_N, BLOCK_K, WARPS, 3, False)
 
 
 @triton.jit
@@ -104,15 +75,16 @@ EPS = 1e-5
 
 
 def gemv(config: Config, prologue: int = NONE, residual: bool = False) -> Callable[..., torch.Tensor]:
+    """The package's GEMV kernel (flashrt_build/stages/gemv.py) at `config`, with a prologue and a residual add."""
     block_n, block_k, warps, stages, evict = config
 
     def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None):
         n, k = w.shape
         y = torch.empty(n, device=w.device, dtype=w.dtype)
-        gemv_kernel[(triton.cdiv(n, block_n),)](
-            w, x, x if v is None else v, y if r is None else r, y, n, k, EPS,
-            PROLOGUE=prologue, RESIDUAL=residual, EVICT=evict,
-            BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)), STAGES=stages, num_warps=warps,
+        kernel()[(triton.cdiv(n, block_n),)](
+            w, x, x if v is None else v, w, y if r is None else r, y, n, k, EPS,
+            PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=block_n,
+            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         return y
 
@@ -192,36 +164,9 @@ def check(device: str) -> None:
         print(f"{config}: the fusions agree with their references", flush=True)
 
 
-def replayed_us(call: Callable[..., object], weights: list[torch.Tensor], replays: int, *args: object) -> float:
-    """Microseconds a call `call(w, *args)`, each reading the next copy of the weight, from one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for w in weights[:2]:
-            call(w, *args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in weights:
-            call(w, *args)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * len(weights))
-
-
 def streamed(n: int, k: int) -> list[torch.Tensor]:
     count = max(2, math.ceil(STREAMED_BYTES / (n * k * 2)))
     return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(count)]
-
-
-def int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",")]
 
 
 def configurations(sizes: dict[str, tuple[int, int, int]], configs: list[Config], replays: int):

@@ -66,7 +66,7 @@ def gemv_kernel(
 def triton_gemv(
     block_n: int, block_k: int, split_k: int, warps: int
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def gemv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, k = w.shape
         y = (
             torch.zeros(n, device=w.device, dtype=torch.float32)
@@ -80,22 +80,22 @@ def triton_gemv(
     return gemv
 
 
-def cublas(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def cublas(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x[None], w)[0]
 
 
-def replayed_us(gemv: Callable, x: torch.Tensor, weights: list[torch.Tensor], replays: int) -> float:
-    """Microseconds a call, each call reading the next copy of the weight, from one CUDA graph."""
+def replayed_us(call: Callable[..., object], weights: list[torch.Tensor], replays: int, *args: object) -> float:
+    """Microseconds a call `call(w, *args)`, each reading the next copy of the weight, from one CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for w in weights[:2]:
-            gemv(x, w)
+            call(w, *args)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for w in weights:
-            gemv(x, w)
+            call(w, *args)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -131,16 +131,16 @@ def main() -> None:
             for _ in range(max(2, math.ceil(STREAMED_BYTES / size)))
         ]
         x = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-        reference = cublas(x, weights[0]).float()
-        base = replayed_us(cublas, x, weights, args.replays)
+        reference = cublas(weights[0], x).float()
+        base = replayed_us(cublas, weights, args.replays, x)
         best = (math.inf, None)
         for config in configs:
             if k % (config[1] * config[2]):
                 continue
             gemv = triton_gemv(*config)
-            if not torch.allclose(gemv(x, weights[0]).float(), reference, rtol=2e-2, atol=2e-1):
+            if not torch.allclose(gemv(weights[0], x).float(), reference, rtol=2e-2, atol=2e-1):
                 raise SystemExit(f"{name}: the Triton GEMV {config} disagrees with cuBLAS")
-            best = min(best, (replayed_us(gemv, x, weights, args.replays), config), key=lambda b: b[0])
+            best = min(best, (replayed_us(gemv, weights, args.replays, x), config), key=lambda b: b[0])
         rows.append([name, f"{n}x{k}", f"{size / 1e6:.1f}", f"{base:.2f}", f"{size / base / 1e6:.2f}", f"{best[0]:.2f}",
                      f"{size / best[0] / 1e6:.2f}", str(best[1]), f"{best[0] / base:.3f}"])  # fmt: skip
         step["cuBLAS"] += base * per_step

@@ -35,7 +35,9 @@ NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v,
 
 
 @functools.cache
-def _kernel() -> Any:
+def kernel() -> Any:
+    """The GEMV's Triton kernel, made on first use (it needs Triton); its ops
+    launch it, and so does bench/gemv_fusion_probe.py."""
     import triton
     import triton.language as tl
 
@@ -43,19 +45,23 @@ def _kernel() -> Any:
     def gemv_kernel(
         w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
         PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr,
     ):  # fmt: skip
         """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
         program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
         it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
-        anyway and scales its sums once at the end), or SiLU(x) * v."""
+        anyway and scales its sums once at the end), or SiLU(x) * v. EVICT
+        loads the weight evict-first (bench/gemv_fusion_probe.py weighs it)."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
-                        other=0.0)  # fmt: skip
+            at, mask = w_ptr + rows[:, None] * K + cols[None, :], (rows[:, None] < N) & (cols[None, :] < K)
+            if EVICT:
+                w = tl.load(at, mask=mask, other=0.0, eviction_policy="evict_first")
+            else:
+                w = tl.load(at, mask=mask, other=0.0)
             x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
             if PROLOGUE == 1:
                 squares += x * x
@@ -89,7 +95,7 @@ def _launch(
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
         out if residual is None else residual.contiguous(), out, n, k, eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), num_warps=WARPS,
+        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), EVICT=False, num_warps=WARPS,
     )  # fmt: skip
     return out
 
@@ -100,11 +106,9 @@ def gemv_op() -> Any:
     row, defined on first use (it needs Triton)."""
     from torch.library import triton_op
 
-    kernel = _kernel()
-
     @triton_op("flashrt::gemv", mutates_args=())
     def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _launch(kernel, x, weight, bias)
+        return _launch(kernel(), x, weight, bias)
 
     return torch.ops.flashrt.gemv.default
 
@@ -117,14 +121,12 @@ def gemv_fused_op() -> Any:
     RMSNorm(x) * v with `eps`, GATED: SiLU(x) * v)."""
     from torch.library import triton_op
 
-    kernel = _kernel()
-
     @triton_op("flashrt::gemv_fused", mutates_args=())
     def gemv_fused(
         x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v: torch.Tensor | None,
         residual: torch.Tensor | None, eps: float, prologue: int,
     ) -> torch.Tensor:  # fmt: skip
-        return _launch(kernel, x, weight, bias, v, residual, eps, prologue)
+        return _launch(kernel(), x, weight, bias, v, residual, eps, prologue)
 
     return torch.ops.flashrt.gemv_fused.default
 
