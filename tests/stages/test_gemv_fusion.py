@@ -26,6 +26,7 @@ from flashrt_build.config.compose import compose
 from flashrt_build.stages.domain import preserved_buffers
 from flashrt_build.stages.export import calling, export_stage, is_exporting
 from flashrt_build.stages.gemv import gemv_op
+from flashrt_build.stages.gemv_fusion import fuse_gemv_neighbours
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_stage
 from flashrt_build.stages.passes import passes_stage
@@ -91,6 +92,7 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         # 2 layers: q/k/v and gate/up after a norm, the lm_head after the final one; o and down add the residual
         ("llama", {"norms": 5, "gates": 2, "residuals": 4}),
+        ("qwen2", {"norms": 5, "gates": 2, "residuals": 4}),  # its q/k/v have biases: the fused GEMV adds them
         # Gemma's norm scales by 1 + w in fp32 (not transformers' Llama RMSNorm): left as it is
         ("gemma", {"norms": 0, "gates": 0, "residuals": 4}),
     ],
@@ -136,6 +138,64 @@ def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs
             assert got.shape == expected.shape, (got.shape, expected.shape)
             err = ((got - expected).abs().max() / expected.abs().max()).item()
             assert err < 1e-5, err
+            print("ok")
+            """
+        )
+    )
+
+
+class Neighbours(torch.nn.Module):
+    """GEMVs beside what the pass must and must not take in: a norm whose
+    output is used again, a gate written up * silu(gate), a residual added
+    with alpha, one added by broadcasting, one in another dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(8, 16, generator=g) / 4)
+        self.down = torch.nn.Parameter(torch.randn(16, 8, generator=g) / 4)
+        self.norm = torch.nn.Parameter(torch.randn(16, generator=g) + 1)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def gemv(x: torch.Tensor, w: torch.Tensor, bias: None) -> torch.Tensor:  # the GEMV in the graph, eager: linear
+            return gemv_op()(x, w, bias) if torch.compiler.is_exporting() else torch.nn.functional.linear(x, w)
+
+        x = h.to(torch.float32)
+        normed = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+        y = gemv(normed, self.w, None)  # norm: fused, though `normed` is returned too
+        gate = gemv(normed, self.w, None)
+        z = gemv(gate * torch.nn.functional.silu(y), self.down, None)  # gate, operands swapped: fused
+        alpha = torch.add(gemv(h, self.w, None), y, alpha=2.0)  # alpha: left
+        wide = gemv(h, self.w, None) + torch.ones(3, 1, 8)  # broadcast to another shape: left
+        upcast = gemv(h, self.w, None) + y.double()  # promoted to float64: left
+        return normed, z, alpha, wide, upcast
+
+
+def test_only_whole_patterns_are_fused_and_the_program_still_computes_the_module(families: Path) -> None:
+    h = torch.randn(1, 1, 16)
+    program = torch.export.export(Neighbours(), (h,))
+    counts = fuse_gemv_neighbours(program)
+    assert dict(counts) == {"norms": 2, "gates": 1, "residuals": 0}
+    called = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert called.count("flashrt.gemv_fused.default") == 3 and called.count("flashrt.gemv.default") == 3
+    assert "aten.rsqrt.default" in called  # `normed` is an output: its norm stays for it
+    with torch.no_grad():
+        expected = Neighbours()(h)  # the eager module: gemv_op runs only in the graph
+    saved = families / "neighbours.pt2"
+    torch.export.save(program, saved)
+    torch.save({"h": h, "expected": expected}, families / "neighbours.io")
+    in_interpreter(
+        textwrap.dedent(
+            f"""
+            import torch
+            from flashrt_build.stages.gemv import gemv_fused_op, gemv_op
+            gemv_op(), gemv_fused_op()
+            program = torch.export.load({str(saved)!r})
+            io = torch.load({str(families / "neighbours.io")!r})
+            got = program.module()(io["h"])
+            for a, b in zip(got, io["expected"], strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+                assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (a - b).abs().max()
             print("ok")
             """
         )
