@@ -35,22 +35,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llm_families import save_family  # noqa: E402
 
 
-def in_interpreter(script: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+def in_fresh_process(script: str, device: str = "cpu") -> None:
+    """`script` in a fresh process: on a CPU in Triton's interpreter, on a GPU compiled."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
-def test_the_fused_kernel_normalizes_gates_and_adds_as_torch_does_in_the_triton_interpreter() -> None:
+def computes_as_torch(device: str) -> None:
     """Each prologue (none, RMSNorm * v, SiLU(x) * v) with and without a
     bias and a residual, K past one block and short of one, an odd N, bf16
     and fp32: within an output rounding of float64 torch (fp32: of its sums)."""
-    in_interpreter(
+    in_fresh_process(
         textwrap.dedent(
-            """
+            f"""
             import torch
             from flashrt_build.stages.gemv import GATED, NONE, NORM, gemv_fused_op
             torch.manual_seed(0)
+            torch.set_default_device({device!r})
             silu = torch.nn.functional.silu
             for n, k, dtype in [(7, 40, torch.bfloat16), (33, 2100, torch.bfloat16), (5, 1024, torch.float32)]:
                 w, x, v = (torch.randn(shape, dtype=dtype) for shape in ((n, k), (1, 1, k), (k,)))
@@ -60,8 +62,8 @@ def test_the_fused_kernel_normalizes_gates_and_adds_as_torch_does_in_the_triton_
                     r = torch.randn(1, 1, n, dtype=dtype) if residual else None
                     y = gemv_fused_op()(x, w, b, v if prologue else None, r, 1e-5, prologue)
                     x64 = x.double()
-                    p = {NONE: x64, NORM: x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * v.double(),
-                         GATED: silu(x64) * v.double()}[prologue]
+                    p = {{NONE: x64, NORM: x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * v.double(),
+                         GATED: silu(x64) * v.double()}}[prologue]
                     exact = torch.nn.functional.linear(p, w.double(), None if b is None else b.double())
                     exact = exact + (0 if r is None else r.double())
                     assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
@@ -70,8 +72,19 @@ def test_the_fused_kernel_normalizes_gates_and_adds_as_torch_does_in_the_triton_
                     assert err <= ulp, (n, k, dtype, prologue, bias, residual, err)
             print("ok")
             """
-        )
+        ),
+        device,
     )
+
+
+def test_the_fused_kernel_normalizes_gates_and_adds_as_torch_does_in_the_triton_interpreter() -> None:
+    computes_as_torch("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_fused_kernel_normalizes_gates_and_adds_as_torch_does() -> None:
+    computes_as_torch("cuda")
 
 
 def _gemv_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +137,7 @@ def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs
     saved = families / f"{family}.pt2"
     torch.export.save(program, saved)
     torch.save({"args": example.args, "kwargs": example.kwargs, "expected": expected}, families / f"{family}.io")
-    in_interpreter(
+    in_fresh_process(
         textwrap.dedent(
             f"""
             import torch
@@ -184,7 +197,7 @@ def test_only_whole_patterns_are_fused_and_the_program_still_computes_the_module
     saved = families / "neighbours.pt2"
     torch.export.save(program, saved)
     torch.save({"h": h, "expected": expected}, families / "neighbours.io")
-    in_interpreter(
+    in_fresh_process(
         textwrap.dedent(
             f"""
             import torch
