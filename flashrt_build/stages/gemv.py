@@ -13,6 +13,10 @@ Only float weights on a CUDA device take it, only while exporting (the eager
 reference that verifies the package keeps cuBLAS's matmul), and only where
 the call has one row (a static decode step); every other call of the layer
 (prefill, a batch) stays `linear`.
+
+The same kernel, with a prologue on its input and a residual added to its
+output, is `flashrt::gemv_fused`: the `gemv_fusion` pass (gemv_fusion.py)
+calls it in the exported graph where a GEMV's neighbours can join it.
 """
 
 from __future__ import annotations
@@ -29,8 +33,6 @@ from .quantize import members
 
 BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
-
-
 NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v, SiLU(x) * v (gemv_fusion.py)
 
 
