@@ -89,9 +89,13 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
                      f"gemv: no float linear layer on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["gemv"] = {"layers": len(layers)}
     if spec.gemv_fusion:  # the export stage rewrites the graphs and records what it fused (gemv_fusion.py)
-        notes.append("gemv_fusion: at export, around each GEMV call" if spec.gemv and spec.device.startswith("cuda")
-                     else "gemv_fusion: no GEMV to fuse into (" + ("passes.gemv=false)" if not spec.gemv else
-                                                               f"target.device={spec.device})"))  # fmt: skip
+        why = "passes.gemv=false" if not spec.gemv else f"target.device={spec.device}"
+        cuda_gemv = spec.gemv and spec.device.startswith("cuda")
+        notes.append(
+            "gemv_fusion: at export, around each GEMV call"
+            if cuda_gemv
+            else f"gemv_fusion: no GEMV to fuse into ({why})"
+        )
         section["gemv_fusion"] = {"methods": {}}  # by method, filled in at export
     if spec.decode_attention:  # after grouped_attention: its attention is the fallback
         switched = use_decode_attention(module)
