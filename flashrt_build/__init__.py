@@ -16,7 +16,7 @@ _EXPORTS = {
     "build": "pipeline",
     "check_checkpoint": "runtime.checkpoint",
     "compose": "config.compose",
-    "is_exporting": "stages.export",
+    "is_exporting": "stages.exporting",
     "LoadedModule": "runtime.load",
     "load": "runtime.load",
     "Generation": "runtime.generate",

@@ -14,6 +14,7 @@ its manifest sections and its log note.
     domain.py           the config's inputs against the eager module, before the compile
     inputs.py           seeded example inputs and torch.export dynamic shapes
     export.py           torch.export: one graph per method or an error naming the cause
+    exporting.py        whether a trace is running (is_exporting): model code and the decode passes ask it
     gemv_fusion.py      the gemv_fusion pass: the norm, SiLU gate and residual add around a GEMV in its kernel
     custom_ops.py       custom operators in the graph: decomposed, their library recorded, Triton's kept, or refused
     int8_matmul.py      int8 matmuls a CUDA graph calls, padded past cuBLAS's 16-row floor

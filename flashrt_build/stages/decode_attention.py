@@ -28,6 +28,7 @@ from torch import nn
 
 from .attention import NAME as GROUPED
 from .attention import grouped_sdpa, model_configs, register_attention
+from .exporting import is_exporting
 
 NAME = "flashrt_decode_sdpa"  # falls back to transformers' SDPA
 GROUPED_NAME = "flashrt_decode_grouped_sdpa"  # falls back to the grouped_attention pass's
@@ -187,8 +188,6 @@ def _decode_sdpa(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: (batch, heads, length, dim) in,
     (batch, length, heads, dim) out; `fallback` where the kernel does not apply."""
-    from .export import is_exporting
-
     batch, heads, length, dim = query.shape
     # A symbolic length (prefill's dynamic prompt) is never compared: that would guard on it
     one_token = type(length) is int and length == 1

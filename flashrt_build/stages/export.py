@@ -31,6 +31,8 @@ from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
 from .custom_ops import resolve_custom_ops, triton_calls
+from .exporting import exporting
+from .exporting import is_exporting as is_exporting  # where it was first: flashrt_build.stages.export.is_exporting
 from .gemv_fusion import FUSED, fuse_gemv_neighbours
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .int8_matmul import pad_int8_matmuls
@@ -39,28 +41,19 @@ from .quantize import MethodWeights, swapped_weights
 from .weights import quantized_parts
 
 log = logging.getLogger(__name__)
-_exporting = False
-
-
-def is_exporting() -> bool:
-    """True while flashrt_build traces a module, so model code can step
-    Python-side bookkeeping (counters, caches, logging) aside."""
-    return _exporting or torch.compiler.is_exporting()
 
 
 @contextlib.contextmanager
 def _exporting_flag() -> Iterator[None]:
-    global _exporting
-    previous, _exporting = _exporting, True
     # On a failed guard, symbolic_shapes logs whole graph dumps as warnings;
     # the ExportError already carries the reason.
     shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     level = shapes_log.level
     shapes_log.setLevel(logging.ERROR)
     try:
-        yield
+        with exporting():
+            yield
     finally:
-        _exporting = previous
         shapes_log.setLevel(level)
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..config.spec import BuildSpec
+from .exporting import is_exporting
 from .quantize import members
 
 BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
@@ -134,8 +135,6 @@ def gemv_fused_op() -> Any:
 
 
 def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    from .export import is_exporting
-
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     # Concrete one-row calls only: a symbolic row count (prefill's dynamic
     # prompt) stays a GEMM, which its other sizes need.

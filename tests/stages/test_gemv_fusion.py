@@ -24,7 +24,8 @@ from test_passes import llm_overrides
 from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
 from flashrt_build.stages.domain import preserved_buffers
-from flashrt_build.stages.export import calling, export_stage, is_exporting
+from flashrt_build.stages.export import calling, export_stage
+from flashrt_build.stages.exporting import is_exporting
 from flashrt_build.stages.gemv import gemv_op
 from flashrt_build.stages.gemv_fusion import fuse_gemv_neighbours
 from flashrt_build.stages.inputs import make_inputs
