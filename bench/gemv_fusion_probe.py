@@ -1,10 +1,12 @@
 """The package's GEMV kernel (flashrt_build/stages/gemv.py), probed on a GPU
 at the decode step's shapes:
 
-1. Its launch: the shipped configuration (2 rows a program, K in steps of
-   1024, 4 warps, Triton's default pipelining) against fewer or more rows
-   and warps, wider steps, no pipelining, and weights loaded `evict_first`
-   (read once a step: kept out of L2, which is left to x).
+1. Its launch: the shipped configuration (gemv.py's: 2 rows a program, K in
+   steps of 1024, 4 warps, one stage, weights loaded `evict_first`) against
+   fewer or more rows and warps, wider steps, Triton's default pipelining
+   and plain loads (the H100's run chose one stage and `evict_first` for
+   every shape: bench/results/gemv_fusion_probe_h100.md, run before the
+   kernel took them).
 2. Its neighbours fused in, as the `gemv_fusion` pass fuses them: the
    RMSNorm before a projection (each program sums x*x over the K it reads
    anyway and scales its sums at the end: `y = rsqrt(mean(x^2) + eps) * W (x * g)`,
@@ -37,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
-from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, GATED, NONE, NORM, WARPS, kernel  # noqa: E402
+from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, EVICT, GATED, NONE, NORM, STAGES, WARPS, kernel  # noqa: E402
 
-# (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch (Triton's default 3 stages)
-SHIPPED = (BLOCK_N, BLOCK_K, WARPS, 3, False)
+# (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
+SHIPPED = (BLOCK_N, BLOCK_K, WARPS, STAGES, EVICT)
 
 
 @triton.jit

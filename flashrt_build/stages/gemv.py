@@ -33,6 +33,9 @@ from .exporting import is_exporting
 from .quantize import members
 
 BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
+# Weights loaded evict-first (read once a step: L2 is left to x) without software pipelining: 2-4% off
+# every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
+EVICT, STAGES = True, 1
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v, SiLU(x) * v (gemv_fusion.py)
 
@@ -54,7 +57,7 @@ def kernel() -> Any:
         program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
         it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
         anyway and scales its sums once at the end), or SiLU(x) * v. EVICT
-        loads the weight evict-first (bench/gemv_fusion_probe.py weighs it)."""
+        loads the weight evict-first."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -97,8 +100,8 @@ def _launch(
     wrap_triton(kernel)[(triton.cdiv(n, BLOCK_N),)](
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
         out if residual is None else residual.contiguous(), out, n, k, eps,
-        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), EVICT=False, num_warps=WARPS,
+        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVICT=EVICT,
+        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return out
 
