@@ -111,8 +111,9 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     trained_llama: tuple[flashrt_build.BuildResult, Path, torch.Tensor],
 ) -> None:
     """Fused projections, grouped attention (its CUDA kernels under a mask,
-    prefill's), the Triton GEMV of the decode step's matmuls, its Triton
-    attention and combo kernels, which the CPU tests cannot reach: verified
+    prefill's), the Triton GEMV of the decode step's matmuls with their norms,
+    gates and residual adds, its Triton attention and combo kernels, which
+    the CPU tests cannot reach: verified
     and greedy as transformers, from Python and C++."""
     result, directory, _ = trained_llama
     passes = flashrt_build.build(
@@ -126,9 +127,8 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
                 "weights=external",
                 "serve.cuda_graphs=true",
                 f"output_root={result.output_dir.parents[1]}",
-                "passes=llm",  # with gemv, decode_attention and combo_kernels
+                "passes=llm",  # with gemv, gemv_fusion, decode_attention and combo_kernels
                 "passes.grouped_attention=true",
-                "passes.gemv_fusion=true",
             ]
         )  # fmt: skip
     )

@@ -77,11 +77,11 @@ def test_a_cuda_decode_graph_calls_the_gemv_for_each_float_layer_and_prefill_non
     llama: tuple[Path, Path],  # noqa: F811
 ) -> None:
     model_dir, root = llama
-    plan, exported = exported_after_passes(model_dir, root, "target=cuda", "passes=llm")
+    plan, exported = exported_after_passes(model_dir, root, "target=cuda", "passes=llm", "passes.gemv_fusion=false")
     calls = {e.method.name: triton_calls(e.program).get("flashrt::gemv", 0) for e in exported}
     assert calls == {"prefill": 0, "decode": LAYERS}
-    # gemv_fusion takes every one's norm, gate or residual add into it (test_gemv_fusion.py)
-    fusion = ("target=cuda", "passes=llm", "passes.gemv_fusion=true")
+    # gemv_fusion (on in llm) takes every one's norm, gate or residual add into it (test_gemv_fusion.py)
+    fusion = ("target=cuda", "passes=llm")
     plan, exported = exported_after_passes(model_dir, root, *fusion)
     calls = {e.method.name: triton_calls(e.program) for e in exported}
     assert calls["decode"] == {"flashrt::gemv_fused": LAYERS, "flashrt::decode_attention": 2} and not calls["prefill"]

@@ -1,4 +1,4 @@
-"""The `gemv_fusion` pass (`passes.gemv_fusion=true`): the fused GEMV kernel's
+"""The `gemv_fusion` pass (on in `passes=llm`): the fused GEMV kernel's
 prologues and epilogue (run in Triton's interpreter here), and the rewrite
 of an exported decode graph: every RMSNorm, SiLU gate and residual add
 around a GEMV taken into its kernel, nothing else, and the rewritten
@@ -115,7 +115,7 @@ def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs
     families: Path, family: str, fused: dict[str, int]
 ) -> None:
     model_dir = save_family(family, families / family)
-    overrides = llm_overrides(model_dir, families, "passes=llm", "passes.gemv_fusion=true", "~module.methods.prefill")
+    overrides = llm_overrides(model_dir, families, "passes=llm", "~module.methods.prefill")
     plan = make_plan(compose(overrides))
     module = instantiate_stage(plan.spec, plan.digests).value
     passes_stage(module, plan.spec)
