@@ -88,7 +88,7 @@ def kernel() -> Any:
 
 
 def _launch(
-    kernel: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     v: torch.Tensor | None = None, residual: torch.Tensor | None = None, eps: float = 0.0, prologue: int = NONE,
 ) -> torch.Tensor:  # fmt: skip
     import triton
@@ -97,7 +97,7 @@ def _launch(
     n, k = weight.shape
     out = x.new_empty((*x.shape[:-1], n))
     x = x.contiguous()
-    wrap_triton(kernel)[(triton.cdiv(n, BLOCK_N),)](
+    wrap_triton(kernel())[(triton.cdiv(n, BLOCK_N),)](
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
         out if residual is None else residual.contiguous(), out, n, k, eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVICT=EVICT,
@@ -114,7 +114,7 @@ def gemv_op() -> Any:
 
     @triton_op("flashrt::gemv", mutates_args=())
     def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _launch(kernel(), x, weight, bias)
+        return _launch(x, weight, bias)
 
     return torch.ops.flashrt.gemv.default
 
@@ -132,16 +132,18 @@ def gemv_fused_op() -> Any:
         x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v: torch.Tensor | None,
         residual: torch.Tensor | None, eps: float, prologue: int,
     ) -> torch.Tensor:  # fmt: skip
-        return _launch(kernel(), x, weight, bias, v, residual, eps, prologue)
+        return _launch(x, weight, bias, v, residual, eps, prologue)
 
     return torch.ops.flashrt.gemv_fused.default
 
 
-def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def gemv_forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A CUDA layer's forward under the gemv pass: the GEMV for a one-row call while exporting, else `linear`."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     # Concrete one-row calls only: a symbolic row count (prefill's dynamic
-    # prompt) stays a GEMM, which its other sizes need.
-    if is_exporting() and type(rows) is int and rows == 1 and x.is_cuda:
+    # prompt) stays a GEMM, which its other sizes need. (The device was
+    # decided once, by `use_gemv`: only a CUDA layer gets this forward.)
+    if is_exporting() and type(rows) is int and rows == 1:
         return gemv_op()(x, layer.weight, layer.bias)
     return nn.functional.linear(x, layer.weight, layer.bias)
 
@@ -162,6 +164,6 @@ def use_gemv(module: nn.Module, spec: BuildSpec) -> list[str]:
     layers = []
     for name, layer in module.named_modules():
         if isinstance(layer, nn.Linear) and layer.weight.device.type == "cuda" and takes_gemv(name, layer, spec):
-            layer.forward = types.MethodType(_forward, layer)  # type: ignore[method-assign]  # this layer only
+            layer.forward = types.MethodType(gemv_forward, layer)  # type: ignore[method-assign]  # this layer only
             layers.append(name)
     return layers

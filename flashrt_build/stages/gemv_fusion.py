@@ -106,8 +106,8 @@ def _rms_norm(x: Any) -> tuple[fx.Node, fx.Node, float] | None:
     if not _calls(x, aten.mul.Tensor):
         return None
     for weight, normed in (x.args, x.args[::-1]):
-        scaled, shape = _uncast(normed), _val(weight)
-        if not (isinstance(weight, fx.Node) and shape is not None and shape.dim() == 1):
+        scaled, wv = _uncast(normed), _val(weight)
+        if not (isinstance(weight, fx.Node) and wv is not None and wv.dim() == 1):
             continue
         if not _calls(scaled, aten.mul.Tensor):
             continue
@@ -116,7 +116,7 @@ def _rms_norm(x: Any) -> tuple[fx.Node, fx.Node, float] | None:
             h, val = _uncast(x32), _val(x32)
             hv = _val(h)
             fp32 = val is not None and val.dtype == torch.float32
-            if eps is not None and fp32 and hv is not None and hv.shape[-1] == shape.shape[0]:
+            if eps is not None and fp32 and hv is not None and hv.shape[-1] == wv.shape[0]:
                 return h, weight, eps
     return None
 

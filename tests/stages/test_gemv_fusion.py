@@ -4,9 +4,9 @@ of an exported decode graph: every RMSNorm, SiLU gate and residual add
 around a GEMV taken into its kernel, nothing else, and the rewritten
 program's logits equal the eager module's.
 
-A CPU target takes no GEMV (the gemv pass is CUDA's), so the graph tests
-give the tiny models' linear layers the GEMV by hand, as the pass does on
-a GPU, and run the rewritten program in the interpreter in a fresh process."""
+A CPU target takes no GEMV (`use_gemv` gives its forward to CUDA layers
+only), so the graph tests give the tiny models' linear layers that forward
+by hand and run the rewritten program in the interpreter in a fresh process."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
 from flashrt_build.stages.domain import preserved_buffers
 from flashrt_build.stages.export import calling, export_stage
-from flashrt_build.stages.exporting import is_exporting
-from flashrt_build.stages.gemv import gemv_op
+from flashrt_build.stages.gemv import gemv_forward, gemv_op
 from flashrt_build.stages.gemv_fusion import fuse_gemv_neighbours
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_stage
@@ -88,14 +87,6 @@ def test_the_compiled_fused_kernel_normalizes_gates_and_adds_as_torch_does() -> 
     computes_as_torch("cuda")
 
 
-def _gemv_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The gemv pass's forward without its CUDA condition: one-row calls run the GEMV while exporting."""
-    rows = x.numel() // x.shape[-1]
-    if is_exporting() and type(rows) is int and rows == 1:
-        return gemv_op()(x, layer.weight, layer.bias)
-    return torch.nn.functional.linear(x, layer.weight, layer.bias)
-
-
 @pytest.fixture(scope="module")
 def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gemv_fusion")
@@ -121,7 +112,7 @@ def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs
     passes_stage(module, plan.spec)
     for layer in module.modules():
         if isinstance(layer, torch.nn.Linear):
-            layer.forward = types.MethodType(_gemv_forward, layer)
+            layer.forward = types.MethodType(gemv_forward, layer)  # as use_gemv gives a CUDA layer
     stage = export_stage(module, plan.spec)
     program = stage.value[0].program
     assert stage.sections["gemv_fusion"] == {"methods": {"decode": fused}}
