@@ -56,7 +56,7 @@ from causal_lm import save_model; save_model(Path(\"/tmp/w2/model\"), \"layers=2
 && TORCH_LOGS=output_code python3 -m flashrt_build +module=causal_lm module.pretrained=/tmp/w2/model module.max_cache_len=1024 \
 module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' passes=llm output_root=/tmp/w2/out 2> $out/decode_code.log") ;;
     decode_fusion)  # passes=llm with and without gemv_fusion (the norms, SiLU gates and residual adds in the GEMVs)
-      cmd=("${bench[@]}" --only decode --passes llm --variant "fusion:passes=llm passes.gemv_fusion=true"
+      cmd=("${bench[@]}" --only decode --passes llm --variant "no_fusion:passes=llm passes.gemv_fusion=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_fusion_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
