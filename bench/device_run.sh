@@ -23,7 +23,8 @@ marker=$(mktemp)
 total=$1
 shift
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } > "$log" 2>&1
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  python3 -c "from flashrt_build.stages import pdl; print('pdl:', pdl.unavailable('cuda') or 'launches')"; } > "$log" 2>&1
 bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
 # results named by the card (h100, h200): a run on one kind never overwrites the other's
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -58,6 +59,9 @@ module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' pas
     decode_fusion)  # passes=llm with and without gemv_fusion (the norms, SiLU gates and residual adds in the GEMVs)
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_fusion:passes=llm passes.gemv_fusion=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_fusion_$tag) ;;
+    decode_pdl)  # passes=llm with and without pdl (its kernels launched as programmatic dependents)
+      cmd=("${bench[@]}" --only decode --passes llm --variant "no_pdl:passes=llm passes.pdl=false"
+           --no-baseline --jobs 2 --out-name causal_lm_decode_pdl_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_attention_$tag) ;;

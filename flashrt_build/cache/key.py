@@ -157,6 +157,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "gemv_fusion": spec.gemv_fusion,
             "decode_attention": spec.decode_attention,
             "combo_kernels": spec.combo_kernels,
+            "pdl": spec.pdl,
         },
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's

@@ -203,6 +203,9 @@ class PassesConfig:
     # Inductor's combo kernels (small independent kernels launched as one) for
     # the methods of static shapes (a decode step) on a CUDA device.
     combo_kernels: bool = False
+    # The package's own kernels (GEMV, decode attention) start while the kernel
+    # before them finishes: programmatic dependent launch (Hopper on).
+    pdl: bool = False
 
 
 @dataclass

@@ -81,6 +81,7 @@ class BuildSpec:
     gemv_fusion: bool = False  # passes.gemv_fusion
     decode_attention: bool = False  # passes.decode_attention
     combo_kernels: bool = False  # passes.combo_kernels
+    pdl: bool = False  # passes.pdl
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
     allowed_targets: tuple[str, ...] = ()  # the effective allow-list of `_target_`s; (): any
     target_name: str = ""  # the target profile's name (`target.name`)
@@ -89,7 +90,7 @@ class BuildSpec:
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
         passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.gemv_fusion, self.decode_attention,
-                  self.combo_kernels)  # fmt: skip
+                  self.combo_kernels, self.pdl)  # fmt: skip
         return any(passes)
 
     @property
@@ -184,6 +185,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         gemv_fusion=bool(config["passes"]["gemv_fusion"]),
         decode_attention=bool(config["passes"]["decode_attention"]),
         combo_kernels=bool(config["passes"]["combo_kernels"]),
+        pdl=bool(config["passes"]["pdl"]),
         import_paths=module.import_paths,
         allowed_targets=module.allowed_targets,
         target_name=str(config["target"]["name"]),

@@ -26,6 +26,8 @@ from ..config.spec import BuildSpec
 from ..errors import BuildError, CompileError, first_lines
 from .archive import combine_packages
 from .export import Exported
+from .pdl import patched_launcher
+from .pdl import unavailable as pdl_unavailable
 from .progress import StageTimer
 
 log = logging.getLogger("flashrt_build")
@@ -101,7 +103,8 @@ def compile_stage(
             target = f"{spec.target} method {name}" if spec.multi_method else spec.target
             with timer.stage(f"compile {name}" if spec.multi_method else "compile"):
                 own = {**options, **method_options(e, spec)}
-                compile_package(e.program, own, part, target, cache_dir)
+                pdl = spec.pdl and pdl_unavailable(spec.device) is None
+                compile_package(e.program, own, part, target, cache_dir, pdl=pdl)
             if spec.multi_method:
                 kept.keep(key, part)
         if spec.multi_method:
@@ -125,8 +128,11 @@ def compile_package(
     package_path: Path,
     target: str,
     cache_dir: Path | None = None,
+    pdl: bool = False,
 ) -> Path:
     """AOTInductor compile + package, with `options` already validated.
+    `pdl`: the launcher launches the package's flashrt_pdl_* kernels as
+    programmatic dependents (pdl.py).
 
     `cache_dir`: compile in this Inductor cache directory, emptied first. The
     cache path ends up in comments, kernel file names and the .so, and a warm
@@ -143,6 +149,8 @@ def compile_package(
             shutil.rmtree(cache_dir, ignore_errors=True)
             cache_dir.mkdir()
             stack.enter_context(temporary_cache_dir(str(cache_dir)))
+        if pdl:
+            stack.enter_context(patched_launcher())
         return _compile(program, options, package_path, target)
 
 

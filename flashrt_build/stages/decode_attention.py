@@ -29,6 +29,7 @@ from torch import nn
 from .attention import NAME as GROUPED
 from .attention import grouped_sdpa, model_configs, register_attention
 from .exporting import is_exporting
+from .pdl import pdl_kernels
 
 NAME = "flashrt_decode_sdpa"  # falls back to transformers' SDPA
 GROUPED_NAME = "flashrt_decode_grouped_sdpa"  # falls back to the grouped_attention pass's
@@ -42,16 +43,21 @@ def _split_kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def split_kernel(
+    def flashrt_pdl_attention_split(
         q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr, length, scale,
         sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l,
         KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr,
+        SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One (batch, KV head) pair's query heads over one chunk of the
         cache: the chunk's unnormalised output, its running max and sum.
         The dots take fp32 (TF32 on a GPU, which holds a bf16 or fp16 input
-        exactly): Triton's interpreter gets a bf16 dot wrong (3.x)."""
+        exactly): Triton's interpreter gets a bf16 dot wrong (3.x). Launched
+        as a programmatic dependent (pdl.py), it waits for the kernel before
+        it before it reads: all it reads is that step's."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         pair, split = tl.program_id(0), tl.program_id(1)
         b, kv = pair // KV_HEADS, pair % KV_HEADS
         g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
@@ -83,7 +89,7 @@ def _split_kernel() -> Any:
         tl.store(stats_ptr + (at * 2) * G_PAD + g, m_i)
         tl.store(stats_ptr + (at * 2 + 1) * G_PAD + g, l_i)
 
-    return split_kernel
+    return flashrt_pdl_attention_split
 
 
 def _merge_kernel() -> Any:
@@ -91,13 +97,16 @@ def _merge_kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def merge_kernel(
+    def flashrt_pdl_attention_merge(
         part_ptr, stats_ptr, out_ptr, so_b, so_h,
         KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLITS: tl.constexpr, S_PAD: tl.constexpr,
+        SPLITS: tl.constexpr, S_PAD: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One query head's chunks, all read at once, merged by their
         maxima: softmax(q k^T) v."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         head = tl.program_id(0)
         b, h = head // (KV_HEADS * GROUPS), head % (KV_HEADS * GROUPS)
         pair, g = b * KV_HEADS + h // GROUPS, h % GROUPS
@@ -112,7 +121,7 @@ def _merge_kernel() -> Any:
         out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
         tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
-    return merge_kernel
+    return flashrt_pdl_attention_merge
 
 
 def split_of(pairs: int, length: int) -> tuple[int, int]:
@@ -147,7 +156,8 @@ def decode_attention_op() -> Any:
         stats = query.new_empty((batch * kv_heads * splits, 2, g_pad), dtype=torch.float32)
         out = query.new_empty((batch, 1, heads, dim))
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
-        shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits)
+        shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits,
+                     PDL=pdl_kernels(query))  # fmt: skip
         wrap_triton(split_kernel)[(batch * kv_heads, splits)](
             query, key, value, key if mask is None else mask, part, stats, length, scale,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),

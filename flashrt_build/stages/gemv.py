@@ -30,6 +30,7 @@ from torch import nn
 
 from ..config.spec import BuildSpec
 from .exporting import is_exporting
+from .pdl import pdl_kernels
 from .quantize import members
 
 BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
@@ -48,26 +49,37 @@ def kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def gemv_kernel(
+    def flashrt_pdl_gemv(
         w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
         PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
         program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
         it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
         anyway and scales its sums once at the end), or SiLU(x) * v. EVICT
-        loads the weight evict-first."""
+        loads the weight evict-first.
+
+        Each step's weight tile is loaded before the step that uses it, the
+        first before the program waits on the kernel before it (`gdc_wait`:
+        a no-op unless launched as a programmatic dependent: pdl.py): a
+        step's weights do not depend on its activations, so they stream in
+        while the previous kernel finishes."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        evict: tl.constexpr = "evict_first" if EVICT else ""
+        cols = tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
+                    other=0.0, eviction_policy=evict)  # fmt: skip
+        if PDL:  # Hopper on: what the kernel before this one wrote is read after here
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         for k in range(0, K, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
-            at, mask = w_ptr + rows[:, None] * K + cols[None, :], (rows[:, None] < N) & (cols[None, :] < K)
-            if EVICT:
-                w = tl.load(at, mask=mask, other=0.0, eviction_policy="evict_first")
-            else:
-                w = tl.load(at, mask=mask, other=0.0)
+            ahead = cols + BLOCK_K  # the next step's weights (none past K)
+            w_next = tl.load(w_ptr + rows[:, None] * K + ahead[None, :], other=0.0, eviction_policy=evict,
+                             mask=(rows[:, None] < N) & (ahead[None, :] < K))  # fmt: skip
             x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
             if PROLOGUE == 1:
                 squares += x * x
@@ -75,6 +87,7 @@ def kernel() -> Any:
             elif PROLOGUE == 2:
                 x = x * tl.sigmoid(x) * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
             acc += w.to(tl.float32) * x[None, :]
+            w = w_next
         y = tl.sum(acc, axis=1)
         if PROLOGUE == 1:  # eps arrives as fp64 from AOTInductor: the scale stays fp32
             y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
@@ -84,7 +97,7 @@ def kernel() -> Any:
             y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
 
-    return gemv_kernel
+    return flashrt_pdl_gemv
 
 
 def _launch(
@@ -101,7 +114,8 @@ def _launch(
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
         out if residual is None else residual.contiguous(), out, n, k, eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVICT=EVICT,
-        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), num_warps=WARPS, num_stages=STAGES,
+        PDL=pdl_kernels(x), BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)),
+        num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return out
 

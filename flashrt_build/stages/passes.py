@@ -27,6 +27,10 @@ SDPA's per-head copies and cuDNN over every cache position.
 
 `combo_kernels`: Inductor's combo kernels for the methods of static shapes
 on a CUDA device (a decode step), set at their compile.
+
+`pdl` (pdl.py): the package's own kernels launched as programmatic
+dependents of the kernel before them (Hopper on), set in the package's
+launcher at the compile.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 from torch import nn
 
 from ..config.spec import BuildSpec
+from . import pdl
 from .attention import group_attention
 from .decode_attention import use_decode_attention
 from .domain import preserved_buffers
@@ -107,6 +112,11 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         none = f"no static-shape method on a CUDA device (target.device={spec.device})"
         notes.append(f"combo_kernels: {', '.join(methods) + ' (static shapes)' if methods else none}")
         section["combo_kernels"] = {"methods": list(methods)}
+    if spec.pdl:  # the compile stage patches the launcher (pdl.py)
+        unavailable = pdl.unavailable(spec.device)
+        notes.append("pdl: the package's GEMV and attention kernels as programmatic dependents"
+                     if unavailable is None else f"pdl: plain launches ({unavailable})")  # fmt: skip
+        section["pdl"] = {"launched": unavailable is None}
     return Stage(None, "; ".join(notes) or "none", {"passes": section} if len(section) > 1 else {})
 
 

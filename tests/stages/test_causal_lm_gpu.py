@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
 import flashrt_build
+from flashrt_build.artifact import PACKAGE
 from flashrt_build.config.compose import compose
+from flashrt_build.stages import pdl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -112,7 +115,8 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
 ) -> None:
     """Fused projections, grouped attention (its CUDA kernels under a mask,
     prefill's), the Triton GEMV of the decode step's matmuls with their norms,
-    gates and residual adds, its Triton attention and combo kernels, which
+    gates and residual adds, its Triton attention, launched as programmatic
+    dependents on a Hopper GPU, and combo kernels, which
     the CPU tests cannot reach: verified
     and greedy as transformers, from Python and C++."""
     result, directory, _ = trained_llama
@@ -140,6 +144,11 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     assert passes.manifest["passes"]["decode_attention"] == {"models": 1}
     assert passes.manifest["passes"]["combo_kernels"] == {"methods": ["decode"]}
     assert passes.manifest["methods"]["decode"]["inductor_options"]["combo_kernels"] is True
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert passes.manifest["passes"]["pdl"] == {"launched": hopper}
+    with zipfile.ZipFile(passes.output_dir / PACKAGE) as package:  # the launcher compiled into the package's .so
+        library = b"".join(package.read(name) for name in package.namelist() if name.endswith(".so"))
+    assert (b"cuLaunchKernelEx" in library and pdl.PREFIX.encode() in library) is hopper
     prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2)).cuda()
     tokens = flashrt_build.generate(flashrt_build.load(passes.output_dir), prompt, 64).tokens
     assert torch.equal(tokens, transformers_bf16_tokens(directory, prompt, 64))

@@ -68,6 +68,8 @@ def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llam
     assert "no SDPA model on a CUDA device (target.device=cpu)" in stage.note
     assert "combo_kernels: no static-shape method on a CUDA device (target.device=cpu)" in stage.note
     assert "gemv_fusion: no GEMV to fuse into (target.device=cpu)" in stage.note
+    assert stage.sections["passes"]["pdl"] == {"launched": False}
+    assert "pdl: plain launches (target.device=cpu)" in stage.note
     assert module.model.config._attn_implementation == "sdpa"  # eager and the package keep SDPA
     assert plan.spec.method_inductor_options_of("decode") == {}
     alone = make_plan(compose(llm_overrides(model_dir, root, "passes.gemv_fusion=true")))  # without the gemv pass

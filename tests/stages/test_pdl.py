@@ -1,0 +1,98 @@
+"""The pdl pass: the package's launcher launches the flashrt_pdl_* kernels as
+programmatic dependents, and those kernels wait before they touch what
+another kernel wrote. The launcher's source is checked here as this torch
+makes it; the kernels as Triton compiles them for a Hopper GPU (PTX, no GPU
+needed). The GPU half (a package built with it verifies and decodes) is in
+test_gemv.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flashrt_build.stages import pdl
+from flashrt_build.stages.decode_attention import _merge_kernel, _split_kernel
+from flashrt_build.stages.gemv import NORM, kernel
+
+triton = pytest.importorskip("triton")
+
+
+def driver_source() -> str:
+    from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
+
+    return CUDADeviceOpOverrides().kernel_driver()
+
+
+def test_the_patched_launcher_launches_flashrt_kernels_as_dependents_and_the_rest_as_before() -> None:
+    source = driver_source()
+    patched = pdl.with_pdl_launch(source)
+    assert pdl.launcher_known() and patched is not None
+    launch = patched[patched.index("static inline void launchKernel(") :]
+    launch = launch[: launch.index("}") + 1]
+    call = "flashrtLaunch(func, gridX, gridY, gridZ, 32*numWarps, sharedMemBytes, stream, args);"
+    assert call in launch
+    assert "cuLaunchKernel(" not in launch  # every launch goes through flashrtLaunch
+    helper = patched[patched.index("// flashrt_build") : patched.index("static inline void launchKernel(")]
+    assert f'std::string(name).rfind("{pdl.PREFIX}", 0) == 0' in helper  # only the kernels named so
+    assert "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION" in helper and "cuLaunchKernelEx(&config" in helper
+    assert helper.count("cuLaunchKernel(") == 1  # any other kernel: the plain launch it had
+    # everything else (loadKernel, the error checks) as torch wrote it
+    assert patched.replace(helper, "").replace(call, pdl._LAUNCH.search(source).group(0)) == source
+
+
+def test_an_unknown_launcher_is_left_alone_and_the_patch_lasts_only_the_compile() -> None:
+    source = driver_source()
+    assert pdl.with_pdl_launch(source.replace("cuLaunchKernel(", "cuLaunchKernelV2(")) is None
+    from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
+
+    with pdl.patched_launcher():
+        assert CUDADeviceOpOverrides().kernel_driver() == pdl.with_pdl_launch(source)
+    assert driver_source() == source
+
+
+def ptx(fn: Any, types: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> list[str]:
+    """`fn` compiled by Triton for an H100 (sm_90), its PTX's instruction lines."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {name: types.get(name, "constexpr") for name in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in types}
+    where = {(fn.arg_names.index(name),): value for name, value in constexprs.items()}
+    source = ASTSource(fn=fn, signature=signature, constexprs=where, attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+    assert compiled.metadata.name.startswith(pdl.PREFIX)  # the launcher picks the kernel by it
+    return [line.strip() for line in compiled.asm["ptx"].splitlines()]
+
+
+def before_the_wait(lines: list[str]) -> list[str]:
+    waits = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
+    assert waits, "no griddepcontrol.wait"
+    return lines[: waits[0]]
+
+
+GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")}
+GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=1024, EVICT=True)
+
+
+def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wrote() -> None:
+    lines = ptx(kernel(), {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": True})
+    early = [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
+    assert early and all("ld.global.L1::evict_first" in line for line in early)  # the weight's tile, nothing else
+    assert sum(line.startswith("griddepcontrol.launch_dependents") for line in lines) == 1
+    plain = ptx(kernel(), {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": False})
+    assert not any("griddepcontrol" in line for line in plain)
+
+
+@pytest.mark.parametrize("which", ["split", "merge"])
+def test_the_attention_kernels_wait_before_they_read_or_write(which: str) -> None:
+    shape = dict(KV_HEADS=8, GROUPS=4, G_PAD=16, D=64, D_PAD=64, SPLITS=16, PDL=True)
+    if which == "split":
+        strides = ("sq_b", "sq_h", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "sm_b", "sm_l")
+        types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*i1", "part_ptr": "*fp32",
+                 "stats_ptr": "*fp32", "length": "i32", "scale": "fp32", **dict.fromkeys(strides, "i32")}  # fmt: skip
+        lines = ptx(_split_kernel(), types, {**shape, "CHUNK": 64, "BLOCK_L": 64, "HAS_MASK": True})
+    else:
+        types = {"part_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16", "so_b": "i32", "so_h": "i32"}
+        lines = ptx(_merge_kernel(), types, {**shape, "S_PAD": 16})
+    assert not [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
