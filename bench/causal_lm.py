@@ -94,7 +94,8 @@ def main() -> None:
             more = variants[label]
             out, manifest, build_s = cli_build([*overrides, *more], Path(root) / "out" / label.replace("=", "-"))
             compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
-            return {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more}
+            passes = {k: v for k, v in manifest.get("passes", {}).items() if k != "fuse_projections"}  # what each did
+            return {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more, "passes": passes}
 
         # Each build is its own CLI process: --jobs of them compile side by side, their build seconds sharing the CPU.
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
