@@ -55,9 +55,14 @@ def _split_kernel() -> Any:
         exactly): Triton's interpreter gets a bf16 dot wrong (3.x). Launched
         as a programmatic dependent (pdl.py), it waits for the kernel before
         it before it reads: all it reads is that step's."""
+        ready = 0  # as the GEMV's (gemv.py): everything it reads or writes through pointers after the wait
         if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+            ready = tl.inline_asm_elementwise(
+                "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
+                dtype=tl.int32, is_pure=True, pack=1,
+            ) * 16  # fmt: skip
+        q_ptr, k_ptr, v_ptr, mask_ptr = q_ptr + ready, k_ptr + ready, v_ptr + ready, mask_ptr + ready
+        part_ptr, stats_ptr = part_ptr + ready, stats_ptr + ready
         pair, split = tl.program_id(0), tl.program_id(1)
         b, kv = pair // KV_HEADS, pair % KV_HEADS
         g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
@@ -104,9 +109,13 @@ def _merge_kernel() -> Any:
     ):  # fmt: skip
         """One query head's chunks, all read at once, merged by their
         maxima: softmax(q k^T) v."""
+        ready = 0  # as the split kernel's
         if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+            ready = tl.inline_asm_elementwise(
+                "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
+                dtype=tl.int32, is_pure=True, pack=1,
+            ) * 16  # fmt: skip
+        part_ptr, stats_ptr, out_ptr = part_ptr + ready, stats_ptr + ready, out_ptr + ready
         head = tl.program_id(0)
         b, h = head // (KV_HEADS * GROUPS), head % (KV_HEADS * GROUPS)
         pair, g = b * KV_HEADS + h // GROUPS, h % GROUPS

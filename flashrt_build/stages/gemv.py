@@ -72,9 +72,14 @@ def kernel() -> Any:
         cols = tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
                     other=0.0, eviction_policy=evict)  # fmt: skip
-        if PDL:  # Hopper on: what the kernel before this one wrote is read after here
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        # what the step wrote (x, the residual) and its output only through pointers offset by `ready`: after the wait
+        ready = 0
+        if PDL:  # pure (torch's mutation analysis skips it), a value (what uses it stays after it)
+            ready = tl.inline_asm_elementwise(
+                "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
+                dtype=tl.int32, is_pure=True, pack=1,
+            ) * 16  # fmt: skip
+        x_ptr, r_ptr, y_ptr = x_ptr + ready, r_ptr + ready, y_ptr + ready
         for k in range(0, K, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
             ahead = cols + BLOCK_K  # the next step's weights (none past K)
