@@ -29,6 +29,7 @@ from torch import fx
 from torch.export.graph_signature import TensorArgument
 
 from .gemv import GATED, NONE, NORM, gemv_fused_op
+from .graph_match import alike, calls, calls_op, drop_unused, val
 
 aten = torch.ops.aten
 CASTS = (aten.to.dtype, aten._to_copy.default)
@@ -40,7 +41,7 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
     how many of each were: `norms`, `gates`, `residuals`."""
     graph = program.graph
     counts: Counter[str] = Counter()
-    gemvs = [node for node in graph.nodes if _is_gemv(node)]
+    gemvs = [node for node in graph.nodes if calls_op(node, "flashrt::gemv")]
     for node in gemvs:
         x, weight, bias = node.args
         v, eps, prologue = None, 0.0, NONE
@@ -62,7 +63,7 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
                 graph.erase_node(gone)
         counts.update(norms=prologue == NORM, gates=prologue == GATED, residuals=add is not None)
     if counts:
-        _drop_unused(graph)
+        drop_unused(graph)
         program.graph_module.recompile()
     return counts
 
@@ -74,48 +75,33 @@ def _renamed_output(program: torch.export.ExportedProgram, old: str, new: str) -
             spec.arg = TensorArgument(name=new)
 
 
-def _is_gemv(node: fx.Node) -> bool:
-    """A `flashrt::gemv` call (known by name: a graph without one never needs Triton here)."""
-    target = node.target if node.op == "call_function" else None
-    return isinstance(target, torch._ops.OpOverload) and target._schema.name == "flashrt::gemv"
-
-
-def _calls(node: Any, *targets: Any) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
-
-
-def _val(node: Any) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def _uncast(node: Any) -> Any:
-    while _calls(node, *CASTS):
+    while calls(node, *CASTS):
         node = node.args[0]
     return node
 
 
 def _unalias(node: Any) -> Any:
-    while _calls(node, aten.alias.default):
+    while calls(node, aten.alias.default):
         node = node.args[0]
     return node
 
 
 def _rms_norm(x: Any) -> tuple[fx.Node, fx.Node, float] | None:
     """(h, weight, eps) where `x` is transformers' RMSNorm of h times a 1-D weight."""
-    if not _calls(x, aten.mul.Tensor):
+    if not calls(x, aten.mul.Tensor):
         return None
     for weight, normed in (x.args, x.args[::-1]):
-        scaled, wv = _uncast(normed), _val(weight)
+        scaled, wv = _uncast(normed), val(weight)
         if not (isinstance(weight, fx.Node) and wv is not None and wv.dim() == 1):
             continue
-        if not _calls(scaled, aten.mul.Tensor):
+        if not calls(scaled, aten.mul.Tensor):
             continue
         for x32, rs in (scaled.args, scaled.args[::-1]):
             eps = _variance_eps(rs, x32)
-            h, val = _uncast(x32), _val(x32)
-            hv = _val(h)
-            fp32 = val is not None and val.dtype == torch.float32
+            h, xv = _uncast(x32), val(x32)
+            hv = val(h)
+            fp32 = xv is not None and xv.dtype == torch.float32
             if eps is not None and fp32 and hv is not None and hv.shape[-1] == wv.shape[0]:
                 return h, weight, eps
     return None
@@ -123,26 +109,26 @@ def _rms_norm(x: Any) -> tuple[fx.Node, fx.Node, float] | None:
 
 def _variance_eps(rs: Any, x32: Any) -> float | None:
     """eps where `rs` is rsqrt(mean(x32 ** 2, -1, keepdim) + eps)."""
-    if not _calls(rs, aten.rsqrt.default) or not _calls(add := rs.args[0], aten.add.Tensor):
+    if not calls(rs, aten.rsqrt.default) or not calls(add := rs.args[0], aten.add.Tensor):
         return None
     mean, eps = add.args
-    if not (_calls(mean, aten.mean.dim) and isinstance(eps, float) and len(mean.args) == 3 and mean.args[2]):
+    if not (calls(mean, aten.mean.dim) and isinstance(eps, float) and len(mean.args) == 3 and mean.args[2]):
         return None
     square, dims = mean.args[0], list(mean.args[1])
-    val = _val(x32)
-    if val is None or dims not in ([-1], [val.dim() - 1]):
+    xv = val(x32)
+    if xv is None or dims not in ([-1], [xv.dim() - 1]):
         return None
-    if _calls(square, aten.pow.Tensor_Scalar) and square.args[0] is x32 and square.args[1] == 2:
+    if calls(square, aten.pow.Tensor_Scalar) and square.args[0] is x32 and square.args[1] == 2:
         return eps
     return None
 
 
 def _silu_gate(x: Any) -> tuple[fx.Node, fx.Node] | None:
     """(g, u) where `x` is silu(g) * u, both of its shape and dtype."""
-    if not _calls(x, aten.mul.Tensor):
+    if not calls(x, aten.mul.Tensor):
         return None
     for silu, up in (x.args, x.args[::-1]):
-        if _calls(silu, aten.silu.default) and _alike(silu.args[0], up) and _alike(up, x):
+        if calls(silu, aten.silu.default) and alike(silu.args[0], up) and alike(up, x):
             return silu.args[0], up
     return None
 
@@ -152,31 +138,9 @@ def _residual_add(gemv: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     if len(gemv.users) != 1:
         return None
     add = next(iter(gemv.users))
-    if not _calls(add, aten.add.Tensor) or add.kwargs or len(add.args) != 2:
+    if not calls(add, aten.add.Tensor) or add.kwargs or len(add.args) != 2:
         return None
     residual = add.args[1] if add.args[0] is gemv else add.args[0]
-    if residual is gemv or not isinstance(residual, fx.Node) or not _alike(residual, gemv) or not _alike(add, gemv):
+    if residual is gemv or not isinstance(residual, fx.Node) or not alike(residual, gemv) or not alike(add, gemv):
         return None
     return add, residual
-
-
-def _alike(a: Any, b: Any) -> bool:
-    va, vb = _val(a), _val(b)
-    return va is not None and vb is not None and va.shape == vb.shape and va.dtype == vb.dtype
-
-
-def _drop_unused(graph: fx.Graph) -> None:
-    """Remove what the fused calls left unused: dead nodes, and the
-    metadata asserts (side effects to fx) that were their only use."""
-    changed = True
-    while changed:
-        changed = False
-        for node in list(reversed(graph.nodes)):
-            users = list(node.users)
-            if node.op != "call_function" or not users or node.is_impure():
-                continue
-            if all(_calls(user, aten._assert_tensor_metadata.default) for user in users):
-                for user in users:
-                    graph.erase_node(user)
-                changed = True
-        changed = graph.eliminate_dead_code() or changed
