@@ -156,6 +156,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "gemv": spec.gemv,
             "gemv_fusion": spec.gemv_fusion,
             "decode_attention": spec.decode_attention,
+            "rotary_fusion": spec.rotary_fusion,
             "combo_kernels": spec.combo_kernels,
             "pdl": spec.pdl,
         },

@@ -200,6 +200,8 @@ class PassesConfig:
     gemv_fusion: bool = False
     # A one-token step's attention as a Triton split-KV kernel over the cache as it is (CUDA).
     decode_attention: bool = False
+    # The query's rotary embedding taken into that attention kernel (CUDA).
+    rotary_fusion: bool = False
     # Inductor's combo kernels (small independent kernels launched as one) for
     # the methods of static shapes (a decode step) on a CUDA device.
     combo_kernels: bool = False

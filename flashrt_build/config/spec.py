@@ -80,6 +80,7 @@ class BuildSpec:
     gemv: bool = False  # passes.gemv
     gemv_fusion: bool = False  # passes.gemv_fusion
     decode_attention: bool = False  # passes.decode_attention
+    rotary_fusion: bool = False  # passes.rotary_fusion
     combo_kernels: bool = False  # passes.combo_kernels
     pdl: bool = False  # passes.pdl
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
@@ -90,6 +91,7 @@ class BuildSpec:
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
         passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.gemv_fusion, self.decode_attention,
+                  self.rotary_fusion,
                   self.combo_kernels, self.pdl)  # fmt: skip
         return any(passes)
 
@@ -184,6 +186,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         gemv=bool(config["passes"]["gemv"]),
         gemv_fusion=bool(config["passes"]["gemv_fusion"]),
         decode_attention=bool(config["passes"]["decode_attention"]),
+        rotary_fusion=bool(config["passes"]["rotary_fusion"]),
         combo_kernels=bool(config["passes"]["combo_kernels"]),
         pdl=bool(config["passes"]["pdl"]),
         import_paths=module.import_paths,

@@ -84,9 +84,9 @@ def finish_manifest(draft: Manifest, verification: Mapping[str, Any] | None, tim
 
 
 def _passes(sections: Mapping[str, Any]) -> dict[str, Any]:
-    """The passes stage's record, with what the export stage's gemv_fusion rewrote."""
-    fused = {"gemv_fusion": sections["gemv_fusion"]} if "gemv_fusion" in sections else {}
-    return {**sections["passes"], **fused}
+    """The passes stage's record, with what the export stage's rewrites (gemv_fusion, rotary_fusion) did."""
+    rewrites = {name: sections[name] for name in ("gemv_fusion", "rotary_fusion") if name in sections}
+    return {**sections["passes"], **rewrites}
 
 
 def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:

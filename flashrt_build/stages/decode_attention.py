@@ -44,17 +44,19 @@ def _split_kernel() -> Any:
 
     @triton.jit
     def flashrt_pdl_attention_split(
-        q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, stats_ptr, length, scale,
-        sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l,
+        q_ptr, k_ptr, v_ptr, mask_ptr, cos_ptr, sin_ptr, part_ptr, stats_ptr, length, scale,
+        sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l, sc_b, ss_b,
         KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr, PDL: tl.constexpr,
+        SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr,
+        ROTARY: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One (batch, KV head) pair's query heads over one chunk of the
         cache: the chunk's unnormalised output, its running max and sum.
         The dots take fp32 (TF32 on a GPU, which holds a bf16 or fp16 input
         exactly): Triton's interpreter gets a bf16 dot wrong (3.x). Launched
         as a programmatic dependent (pdl.py), it waits for the kernel before
-        it before it reads: all it reads is that step's."""
+        it before it reads: all it reads is that step's. ROTARY: q arrives
+        unrotated, with its rotary tables (rotary_fusion.py)."""
         ready = 0  # as the GEMV's (gemv.py): everything it reads or writes through pointers after the wait
         if PDL:
             ready = tl.inline_asm_elementwise(
@@ -62,12 +64,20 @@ def _split_kernel() -> Any:
                 dtype=tl.int32, is_pure=True, pack=1,
             ) * 16  # fmt: skip
         q_ptr, k_ptr, v_ptr, mask_ptr = q_ptr + ready, k_ptr + ready, v_ptr + ready, mask_ptr + ready
+        cos_ptr, sin_ptr = cos_ptr + ready, sin_ptr + ready
         part_ptr, stats_ptr = part_ptr + ready, stats_ptr + ready
         pair, split = tl.program_id(0), tl.program_id(1)
         b, kv = pair // KV_HEADS, pair % KV_HEADS
         g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
-        q = tl.load(q_ptr + b * sq_b + (kv * GROUPS + g)[:, None] * sq_h + d[None, :],
-                    mask=(g[:, None] < GROUPS) & (d[None, :] < D), other=0.0).to(tl.float32)  # fmt: skip
+        q_at, q_in = q_ptr + b * sq_b + (kv * GROUPS + g)[:, None] * sq_h, (g[:, None] < GROUPS) & (d[None, :] < D)
+        q = tl.load(q_at + d[None, :], mask=q_in, other=0.0).to(tl.float32)
+        if ROTARY:  # q * cos + rotate_half(q) * sin, kept in fp32 (eager rounds it to q's dtype)
+            half: tl.constexpr = D // 2
+            q_half = tl.load(q_at + tl.where(d < half, d + half, d - half)[None, :], mask=q_in, other=0.0)
+            cos = tl.load(cos_ptr + b * sc_b + d, mask=d < D, other=0.0).to(tl.float32)
+            sin = tl.load(sin_ptr + b * ss_b + d, mask=d < D, other=0.0).to(tl.float32)
+            rotated = tl.where((d < half)[None, :], -q_half.to(tl.float32), q_half.to(tl.float32))
+            q = q * cos[None, :] + rotated * sin[None, :]
         m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
         l_i = tl.zeros((G_PAD,), tl.float32)
         acc = tl.zeros((G_PAD, D_PAD), tl.float32)
@@ -144,9 +154,11 @@ def split_of(pairs: int, length: int) -> tuple[int, int]:
 
 @functools.cache
 def decode_attention_op() -> Any:
-    """`torch.ops.flashrt.decode_attention(query, key, value, mask, scale)`:
-    query (batch, heads, 1, dim); key and value (batch, kv_heads, length,
-    dim); mask None or boolean (batch or 1, length); out (batch, 1, heads, dim)."""
+    """`torch.ops.flashrt.decode_attention(query, key, value, mask, scale,
+    cos=None, sin=None)`: query (batch, heads, 1, dim); key and value
+    (batch, kv_heads, length, dim); mask None or boolean (batch or 1,
+    length); out (batch, 1, heads, dim). With cos and sin (batch or 1, 1, 1,
+    dim) the query is rotated first: q * cos + rotate_half(q) * sin."""
     import triton
     from torch.library import triton_op, wrap_triton
 
@@ -154,8 +166,9 @@ def decode_attention_op() -> Any:
 
     @triton_op("flashrt::decode_attention", mutates_args=())
     def decode_attention(
-        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
-    ) -> torch.Tensor:
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,
+        cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         batch, heads, _, dim = query.shape
         kv_heads, length = key.shape[1], key.shape[2]
         groups = heads // kv_heads
@@ -165,14 +178,17 @@ def decode_attention_op() -> Any:
         stats = query.new_empty((batch * kv_heads * splits, 2, g_pad), dtype=torch.float32)
         out = query.new_empty((batch, 1, heads, dim))
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+        rotary = cos is not None and sin is not None
+        cos, sin = (query if t is None else t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
         shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits,
                      PDL=pdl_kernels(query))  # fmt: skip
         wrap_triton(split_kernel)[(batch * kv_heads, splits)](
-            query, key, value, key if mask is None else mask, part, stats, length, scale,
+            query, key, value, key if mask is None else mask, cos, sin, part, stats, length, scale,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2),
             0 if mask is None or mask.shape[0] == 1 else mask.stride(0), 0 if mask is None else mask.stride(1),
-            CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, num_warps=4, **shape,
+            0 if cos.shape[0] == 1 else cos.stride(0), 0 if sin.shape[0] == 1 else sin.stride(0),
+            CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, ROTARY=rotary, num_warps=4, **shape,
         )  # fmt: skip
         merge = wrap_triton(merge_kernel)[(batch * heads,)]
         merge(part, stats, out, out.stride(0), out.stride(2), S_PAD=triton.next_power_of_2(splits), **shape)
@@ -212,7 +228,7 @@ def _decode_sdpa(
     one_token = type(length) is int and length == 1
     mask = one_token_mask(query, key, attention_mask) if one_token else False
     runs = (
-        is_exporting() and query.is_cuda and one_token and mask is not False
+        is_exporting() and one_token and mask is not False
         and query.dtype in HALVES and key.dtype == value.dtype == query.dtype
         and key.shape[-1] == value.shape[-1] == dim and heads % key.shape[1] == 0
         and not dropout and kwargs.get("s_aux") is None and not kwargs.get("softcap")
@@ -226,6 +242,15 @@ def _decode_sdpa(
     return decode_attention_op()(query, key, value, mask, scale), None
 
 
+def register() -> None:
+    """Register the kernel's attention functions with transformers, by
+    NAME (SDPA's fallback) and GROUPED_NAME (the grouped_attention pass's)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    register_attention(NAME, functools.partial(_decode_sdpa, sdpa_attention_forward))
+    register_attention(GROUPED_NAME, functools.partial(_decode_sdpa, grouped_sdpa))
+
+
 def use_decode_attention(module: nn.Module) -> int:
     """Switch every transformers model in `module` that runs SDPA (or the
     grouped_attention pass's) on a CUDA device to the kernel for its
@@ -233,10 +258,7 @@ def use_decode_attention(module: nn.Module) -> int:
     chosen = [c for c in model_configs(module) if getattr(c, "_attn_implementation", None) in ("sdpa", GROUPED)]
     if not chosen or not any(p.is_cuda for p in module.parameters()):
         return 0
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    register_attention(NAME, functools.partial(_decode_sdpa, sdpa_attention_forward))
-    register_attention(GROUPED_NAME, functools.partial(_decode_sdpa, grouped_sdpa))
+    register()
     for config in chosen:
         config._attn_implementation = NAME if config._attn_implementation == "sdpa" else GROUPED_NAME
     return len(chosen)

@@ -38,6 +38,7 @@ from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .int8_matmul import pad_int8_matmuls
 from .progress import Stage
 from .quantize import MethodWeights, swapped_weights
+from .rotary_fusion import fuse_rotary
 from .weights import quantized_parts
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ def export_stage(
     libraries: dict[str, list[str]] = {}
     padded = 0
     fused: dict[str, dict[str, int]] = {}  # the gemv_fusion pass's rewrites, by method
+    rotated: dict[str, dict[str, int]] = {}  # the rotary_fusion pass's
     for method in spec.methods:
         example = make_inputs(spec, method=method)
         with swapped_weights(module, (method_weights or {}).get(method.name, {})):
@@ -166,6 +168,8 @@ def export_stage(
         padded += count
         if spec.gemv_fusion and (counts := fuse_gemv_neighbours(one.program)):
             fused[method.name] = {what: counts[what] for what in FUSED}
+        if spec.rotary_fusion and (queries := fuse_rotary(one.program)):
+            rotated[method.name] = {"queries": queries}
         decomposed += [op for op in python if op not in decomposed]
         for path, ops in compiled.items():
             libraries.setdefault(path, []).extend(op for op in ops if op not in libraries.get(path, []))
@@ -182,9 +186,13 @@ def export_stage(
         note += f"; {padded} int8 matmuls given 16 rows more (cuBLAS takes more than 16)"
     for name, took in fused.items():
         note += f"; {name}: fused into GEMVs " + ", ".join(f"{count} {what}" for what, count in took.items())
+    for name, took in rotated.items():
+        note += f"; {name}: {took['queries']} queries rotated in the attention kernel"
     sections: dict[str, Any] = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()]}
     if spec.gemv_fusion:
         sections["gemv_fusion"] = {"methods": fused}
+    if spec.rotary_fusion:
+        sections["rotary_fusion"] = {"methods": rotated}
     return Stage(exported, note, {k: v for k, v in sections.items() if v})
 
 

@@ -25,6 +25,10 @@ rewritten in the exported graph (the export stage runs it: here, a note).
 attention as a Triton split-KV kernel over the cache as it is, instead of
 SDPA's per-head copies and cuDNN over every cache position.
 
+`rotary_fusion` (rotary_fusion.py): the query's rotary embedding taken into
+the decode attention kernel, rewritten in the exported graph (the export
+stage runs it: here, a note).
+
 `combo_kernels`: Inductor's combo kernels for the methods of static shapes
 on a CUDA device (a decode step), set at their compile.
 
@@ -107,6 +111,12 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append(f"decode_attention: {switched} model(s), for their one-token calls" if switched else
                      f"decode_attention: no SDPA model on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["decode_attention"] = {"models": switched}
+    if spec.rotary_fusion:  # the export stage rewrites the graphs and records what it fused (rotary_fusion.py)
+        cuda = spec.decode_attention and spec.device.startswith("cuda")
+        why = "passes.decode_attention=false" if not spec.decode_attention else f"target.device={spec.device}"
+        notes.append("rotary_fusion: at export, into each decode attention call" if cuda else
+                     f"rotary_fusion: no decode attention to rotate in ({why})")  # fmt: skip
+        section["rotary_fusion"] = {"methods": {}}  # by method, filled in at export
     if spec.combo_kernels:  # the compile stage sets the option (BuildSpec.method_inductor_options_of)
         methods = spec.combo_methods
         none = f"no static-shape method on a CUDA device (target.device={spec.device})"

@@ -131,7 +131,7 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
                 "weights=external",
                 "serve.cuda_graphs=true",
                 f"output_root={result.output_dir.parents[1]}",
-                "passes=llm",  # with gemv, gemv_fusion, decode_attention and combo_kernels
+                "passes=llm",  # with gemv, gemv_fusion, decode_attention, rotary_fusion, combo_kernels, pdl
                 "passes.grouped_attention=true",
             ]
         )  # fmt: skip
@@ -142,6 +142,7 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     fused = {"norms": 2 * 2 + 1, "gates": 2, "residuals": 2 * 2}  # the llama family's 2 layers and its final norm
     assert passes.manifest["passes"]["gemv_fusion"] == {"methods": {"decode": fused}}
     assert passes.manifest["passes"]["decode_attention"] == {"models": 1}
+    assert passes.manifest["passes"]["rotary_fusion"] == {"methods": {"decode": {"queries": 2}}}
     assert passes.manifest["passes"]["combo_kernels"] == {"methods": ["decode"]}
     assert passes.manifest["methods"]["decode"]["inductor_options"]["combo_kernels"] is True
     hopper = torch.cuda.get_device_capability()[0] >= 9

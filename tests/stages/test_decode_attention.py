@@ -25,8 +25,11 @@ def attends_as_sdpa(device: str) -> None:
     Grouped heads (4 and 1 query heads a KV head, and 6), a cache of
     partial blocks, a mask shared by the batch and one per sequence with
     holes, no mask, one position seen (every other block skipped), head
-    widths short of a power of two: within a bf16/fp16 output rounding of
-    float64 SDPA over the cache repeated per head (an output rounding: the sums are fp32)."""
+    widths short of a power of two; each with the query as given and
+    rotated by the kernel (rotary tables of a row per sequence, or one for
+    the batch): within a bf16/fp16 output rounding of float64 SDPA over the
+    cache repeated per head (an output rounding: the sums are fp32), the
+    query rotated in float64 (the kernel keeps it in fp32)."""
     script = textwrap.dedent(
         f"""
         import torch
@@ -44,14 +47,24 @@ def attends_as_sdpa(device: str) -> None:
                 mask[..., :seen] = True
                 if masks == 2:
                     mask[1, ..., 3:5] = False
-            out = decode_attention_op()(q, k, v, None if mask is None else mask[:, 0, 0, :length], dim ** -0.5)
-            g = heads // kv
-            exact = torch.nn.functional.scaled_dot_product_attention(
-                q.double(), k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1),
-                attn_mask=None if mask is None else mask[..., :length]).transpose(1, 2)
-            assert out.shape == (batch, 1, heads, dim) and out.dtype == dtype, (out.shape, out.dtype)
-            err = ((out.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
-            assert err <= (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10), (batch, heads, kv, length, err)
+            angles = torch.rand(batch if masks == 2 else 1, 1, 1, dim, dtype=torch.float64) * 6.3
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+            for rotary in (False, True):
+                given = None if mask is None else mask[:, 0, 0, :length]
+                tables = (cos, sin) if rotary else ()
+                out = decode_attention_op()(q, k, v, given, dim ** -0.5, *tables)
+                q64 = q.double()
+                if rotary:
+                    half = torch.cat((-q64[..., dim // 2:], q64[..., : dim // 2]), -1)
+                    q64 = q64 * cos.double() + half * sin.double()
+                g = heads // kv
+                exact = torch.nn.functional.scaled_dot_product_attention(
+                    q64, k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1),
+                    attn_mask=None if mask is None else mask[..., :length]).transpose(1, 2)
+                assert out.shape == (batch, 1, heads, dim) and out.dtype == dtype, (out.shape, out.dtype)
+                err = ((out.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
+                ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+                assert err <= ulp, (batch, heads, kv, length, rotary, err)
         print("ok")
         """
     )

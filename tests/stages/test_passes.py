@@ -69,11 +69,16 @@ def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llam
     assert "combo_kernels: no static-shape method on a CUDA device (target.device=cpu)" in stage.note
     assert "gemv_fusion: no GEMV to fuse into (target.device=cpu)" in stage.note
     assert stage.sections["passes"]["pdl"] == {"launched": False}
+    assert stage.sections["passes"]["rotary_fusion"] == {"methods": {}}
+    assert "rotary_fusion: no decode attention to rotate in (target.device=cpu)" in stage.note
     assert "pdl: plain launches (target.device=cpu)" in stage.note
     assert module.model.config._attn_implementation == "sdpa"  # eager and the package keep SDPA
     assert plan.spec.method_inductor_options_of("decode") == {}
     alone = make_plan(compose(llm_overrides(model_dir, root, "passes.gemv_fusion=true")))  # without the gemv pass
     assert "gemv_fusion: no GEMV to fuse into (passes.gemv=false)" in passes_stage(nn.Module(), alone.spec).note
+    alone = make_plan(compose(llm_overrides(model_dir, root, "passes.rotary_fusion=true")))
+    note = passes_stage(nn.Module(), alone.spec).note
+    assert "rotary_fusion: no decode attention to rotate in (passes.decode_attention=false)" in note
 
 
 def test_on_a_cuda_target_llm_compiles_the_static_decode_step_with_combo_kernels(llama: tuple[Path, Path]) -> None:

@@ -89,9 +89,10 @@ def test_the_attention_kernels_wait_before_they_read_or_write(which: str) -> Non
     shape = dict(KV_HEADS=8, GROUPS=4, G_PAD=16, D=64, D_PAD=64, SPLITS=16, PDL=True)
     if which == "split":
         strides = ("sq_b", "sq_h", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "sm_b", "sm_l")
-        types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*i1", "part_ptr": "*fp32",
-                 "stats_ptr": "*fp32", "length": "i32", "scale": "fp32", **dict.fromkeys(strides, "i32")}  # fmt: skip
-        lines = ptx(_split_kernel(), types, {**shape, "CHUNK": 64, "BLOCK_L": 64, "HAS_MASK": True})
+        types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*i1", "cos_ptr": "*bf16",
+                 "sin_ptr": "*bf16", "part_ptr": "*fp32", "stats_ptr": "*fp32", "length": "i32", "scale": "fp32",
+                 **dict.fromkeys((*strides, "sc_b", "ss_b"), "i32")}  # fmt: skip
+        lines = ptx(_split_kernel(), types, {**shape, "CHUNK": 64, "BLOCK_L": 64, "HAS_MASK": True, "ROTARY": True})
     else:
         types = {"part_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16", "so_b": "i32", "so_h": "i32"}
         lines = ptx(_merge_kernel(), types, {**shape, "S_PAD": 16})

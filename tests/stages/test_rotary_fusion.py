@@ -1,0 +1,136 @@
+"""The `rotary_fusion` pass (on in `passes=llm`): the query's rotary embedding
+taken into the decode attention kernel, rewritten in the exported graph.
+The kernel's rotation itself is checked against float64 in
+test_decode_attention.py; here the rewrite of real decode graphs: every
+layer's query rotary gone from the graph, k's kept, and the rewritten
+program (run in Triton's interpreter) gives the logits the program without
+the rewrite gives.
+
+A CPU target takes no decode attention (`use_decode_attention` switches
+CUDA models only), so the tests switch the tiny models to it by hand."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_gemv_fusion import in_fresh_process
+from test_passes import llm_overrides
+
+from flashrt_build.cache.plan import make_plan
+from flashrt_build.config.compose import compose
+from flashrt_build.stages import decode_attention
+from flashrt_build.stages.attention import model_configs
+from flashrt_build.stages.domain import preserved_buffers
+from flashrt_build.stages.export import export_stage
+from flashrt_build.stages.gemv import gemv_forward
+from flashrt_build.stages.inputs import make_inputs
+from flashrt_build.stages.module import instantiate_stage
+from flashrt_build.stages.passes import passes_stage
+from flashrt_build.stages.rotary_fusion import fuse_rotary
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llm_families import save_family  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("rotary_fusion")
+
+
+def decode_graph(model_dir: Path, root: Path, *more: str) -> tuple[Any, Any, Any]:
+    """(plan, module, export stage) of an fp16 decode step with the llm passes,
+    its layers given the GEMV and its models the decode attention as a CUDA build's are."""
+    overrides = llm_overrides(model_dir, root, "passes=llm", "~module.methods.prefill", "target.dtype=float16", *more)
+    plan = make_plan(compose(overrides))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    passes_stage(module, plan.spec)
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.forward = types.MethodType(gemv_forward, layer)  # as use_gemv gives a CUDA layer
+    decode_attention.register()
+    for config in model_configs(module):
+        config._attn_implementation = decode_attention.NAME  # as use_decode_attention switches a CUDA model
+    return plan, module, export_stage(module, plan.spec)
+
+
+def called(program: torch.export.ExportedProgram, target: str) -> list[torch.fx.Node]:
+    return [n for n in program.graph.nodes if n.op == "call_function" and str(n.target) == target]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
+def test_each_layers_query_rotary_moves_into_its_attention_kernel_and_the_logits_stay(
+    families: Path, family: str
+) -> None:
+    model_dir = save_family(family, families / family)
+    plan, module, stage = decode_graph(model_dir, families)
+    _, _, plain = decode_graph(model_dir, families, "passes.rotary_fusion=false")
+    program, before = stage.value[0].program, plain.value[0].program
+    assert stage.sections["rotary_fusion"] == {"methods": {"decode": {"queries": 2}}}
+    assert "decode: 2 queries rotated in the attention kernel" in stage.note
+    attention = called(program, "flashrt.decode_attention.default")
+    assert len(attention) == 2 and all(len(node.args) == 7 for node in attention)
+    assert all(len(node.args) == 5 for node in called(before, "flashrt.decode_attention.default"))
+    # rotate_half negates half of q and half of k a layer: k's stays (it feeds the cache write)
+    assert len(called(before, "aten.neg.default")) == 4 and len(called(program, "aten.neg.default")) == 2
+    example = make_inputs(plan.spec, method=plan.spec.methods[0])
+    saved = {name: families / f"{family}_{name}.pt2" for name in ("fused", "plain")}
+    torch.export.save(program, saved["fused"])
+    torch.export.save(before, saved["plain"])
+    with preserved_buffers(module):  # the inputs only: both programs run from the same cache
+        torch.save({"args": example.args, "kwargs": example.kwargs}, families / f"{family}.io")
+    in_fresh_process(
+        textwrap.dedent(
+            f"""
+            import torch
+            from flashrt_build.stages.decode_attention import decode_attention_op
+            from flashrt_build.stages.gemv import gemv_fused_op, gemv_op
+            gemv_op(), gemv_fused_op(), decode_attention_op()  # registered: the saved graphs call them by name
+            io = torch.load({str(families / f"{family}.io")!r})
+            with torch.no_grad():
+                got, plain = (torch.export.load(path).module()(*io["args"], **io["kwargs"]).float()
+                              for path in ({str(saved["fused"])!r}, {str(saved["plain"])!r}))
+            assert got.shape == plain.shape, (got.shape, plain.shape)
+            err = ((got - plain).abs().max() / plain.abs().max()).item()
+            assert err < 1e-2, err  # fp16: the kernel's rotated q is fp32, eager's rounded (1e-3)
+            print("ok")
+            """
+        )
+    )
+
+
+class NearMisses(torch.nn.Module):
+    """Queries beside what the pass must and must not take in: a rotary
+    written with the halves swapped, one rotating with another tensor's
+    halves, one whose tables are per head."""
+
+    def forward(self, q: torch.Tensor, other: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                per_head: torch.Tensor) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        def attend(query: torch.Tensor) -> torch.Tensor:
+            k = torch.ones(1, 2, 8, 16, dtype=query.dtype)
+            return decode_attention.decode_attention_op()(query, k, k, None, 0.25)
+
+        def half(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
+
+        whole = attend(q * cos + half(q) * sin)  # fused
+        swapped = attend(q * cos + torch.cat((-q[..., :8], q[..., 8:]), dim=-1) * sin)  # not rotate_half: left
+        mixed = attend(q * cos + half(other) * sin)  # another tensor's halves: left
+        heads = attend(q * per_head + half(q) * per_head)  # tables per head: left
+        return whole, swapped, mixed, heads
+
+
+def test_only_the_whole_rotary_of_the_query_itself_is_taken_in() -> None:
+    q, other = (torch.randn(1, 4, 1, 16, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.randn(1, 1, 1, 16, dtype=torch.bfloat16) for _ in range(2))
+    per_head = torch.randn(1, 4, 1, 16, dtype=torch.bfloat16)
+    program = torch.export.export(NearMisses(), (q, other, cos, sin, per_head))
+    assert fuse_rotary(program) == 1
+    rotated = [n for n in called(program, "flashrt.decode_attention.default") if len(n.args) == 7]
+    assert len(rotated) == 1 and rotated[0].args[0].name == "q"
+    assert [n.args[5].name for n in rotated] == ["cos"] and [n.args[6].name for n in rotated] == ["sin"]
