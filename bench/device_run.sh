@@ -59,9 +59,10 @@ module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' pas
     decode_fusion)  # passes=llm with and without gemv_fusion (the norms, SiLU gates and residual adds in the GEMVs)
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_fusion:passes=llm passes.gemv_fusion=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_fusion_$tag) ;;
-    decode_pdl)  # passes=llm with and without pdl (its kernels launched as programmatic dependents)
+    decode_pdl)  # passes=llm against it without pdl (its kernels launched as programmatic dependents), without rotary_fusion
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_pdl:passes=llm passes.pdl=false"
-           --no-baseline --jobs 2 --out-name causal_lm_decode_pdl_$tag) ;;
+           --variant "no_rotary:passes=llm passes.rotary_fusion=false"
+           --no-baseline --jobs 3 --out-name causal_lm_decode_pdl_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_attention_$tag) ;;
