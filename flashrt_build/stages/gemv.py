@@ -61,8 +61,8 @@ def kernel() -> Any:
         loads the weight evict-first.
 
         Each step's weight tile is loaded before the step that uses it, the
-        first before the program waits on the kernel before it (`gdc_wait`:
-        a no-op unless launched as a programmatic dependent: pdl.py): a
+        first before the program waits on the kernel before it (PDL: in a
+        package the pdl pass launches as a programmatic dependent): a
         step's weights do not depend on its activations, so they stream in
         while the previous kernel finishes."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -69,10 +69,15 @@ _LAUNCHER = """
 """.replace("PREFIX", PREFIX)
 
 
+_launching = False  # inside patched_launcher(): the compile of a package the pass launches
+
+
 def pdl_kernels(x: torch.Tensor) -> bool:
-    """Whether a kernel for `x`'s device carries its PDL instructions: a
-    Hopper or later GPU (older ones lack them), not Triton's interpreter."""
-    if x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    """Whether a kernel for `x`'s device, launched now, carries its PDL
+    instructions: only in the compile of a package whose launcher launches
+    it so (a package without the pass runs the kernels it always had), on
+    a Hopper or later GPU (older ones lack them), not in Triton's interpreter."""
+    if not _launching or x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return torch.cuda.get_device_capability(x.device)[0] >= 9
 
@@ -119,10 +124,12 @@ def _overrides() -> Any:
 
 @contextlib.contextmanager
 def patched_launcher() -> Iterator[None]:
-    """AOTInductor's CUDA launcher with the PDL launch while compiling."""
+    """AOTInductor's CUDA launcher with the PDL launch while compiling, and
+    the kernels with their PDL instructions (`pdl_kernels`)."""
     from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
 
-    original = CUDADeviceOpOverrides.kernel_driver
+    global _launching
+    original, _launching = CUDADeviceOpOverrides.kernel_driver, True
 
     def kernel_driver(self: Any) -> str:
         source = original(self)
@@ -133,3 +140,4 @@ def patched_launcher() -> Iterator[None]:
         yield
     finally:
         CUDADeviceOpOverrides.kernel_driver = original  # type: ignore[method-assign]
+        _launching = False
