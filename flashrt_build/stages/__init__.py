@@ -16,6 +16,9 @@ its manifest sections and its log note.
     export.py           torch.export: one graph per method or an error naming the cause
     exporting.py        whether a trace is running (is_exporting): model code and the decode passes ask it
     gemv_fusion.py      the gemv_fusion pass: the norm, SiLU gate and residual add around a GEMV in its kernel
+    rotary_fusion.py    the rotary_fusion pass: the query's rotary embedding in the decode attention kernel
+    graph_match.py      what those rewrites share to read an exported graph
+    pdl.py              the pdl pass: the package's own kernels launched as programmatic dependents
     custom_ops.py       custom operators in the graph: decomposed, their library recorded, Triton's kept, or refused
     int8_matmul.py      int8 matmuls a CUDA graph calls, padded past cuBLAS's 16-row floor
     compile.py          AOTInductor compiles each graph (or links a model kept by its key)
