@@ -52,34 +52,27 @@ def _split_kernel() -> Any:
     ):  # fmt: skip
         """One (batch, KV head) pair's query heads over one chunk of the
         cache: the chunk's unnormalised output, its running max and sum.
-        The dots take fp32 (TF32 on a GPU, which holds a bf16 or fp16 input
-        exactly): Triton's interpreter gets a bf16 dot wrong (3.x). Launched
-        as a programmatic dependent (pdl.py), it waits for the kernel before
-        it before it reads: all it reads is that step's. ROTARY: q arrives
-        unrotated, with its rotary tables (rotary_fusion.py)."""
-        ready = 0  # as the GEMV's (gemv.py): everything it reads or writes through pointers after the wait
+        The dots take fp32 (TF32 on a GPU: exact for bf16 and fp16): Triton's
+        interpreter gets a bf16 dot wrong (3.x). PDL: it waits on the kernel
+        before it first (pdl.py). ROTARY: it rotates q (rotary_fusion.py)."""
+        ready = 0  # as the GEMV's (gemv.py): every pointer to the step's data offset by the wait's zero
         if PDL:
-            ready = tl.inline_asm_elementwise(
-                "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
-                dtype=tl.int32, is_pure=True, pack=1,
-            ) * 16  # fmt: skip
+            ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
+                                              "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
         q_ptr, k_ptr, v_ptr, mask_ptr = q_ptr + ready, k_ptr + ready, v_ptr + ready, mask_ptr + ready
-        cos_ptr, sin_ptr = cos_ptr + ready, sin_ptr + ready
-        part_ptr, stats_ptr = part_ptr + ready, stats_ptr + ready
+        cos_ptr, sin_ptr, part_ptr, stats_ptr = cos_ptr + ready, sin_ptr + ready, part_ptr + ready, stats_ptr + ready
         pair, split = tl.program_id(0), tl.program_id(1)
         b, kv = pair // KV_HEADS, pair % KV_HEADS
         g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
         q_at, q_in = q_ptr + b * sq_b + (kv * GROUPS + g)[:, None] * sq_h, (g[:, None] < GROUPS) & (d[None, :] < D)
         q = tl.load(q_at + d[None, :], mask=q_in, other=0.0).to(tl.float32)
         if ROTARY:  # q * cos + rotate_half(q) * sin, kept in fp32 (eager rounds it to q's dtype)
-            half: tl.constexpr = D // 2
-            q_half = tl.load(q_at + tl.where(d < half, d + half, d - half)[None, :], mask=q_in, other=0.0)
+            first, half = d < D // 2, tl.where(d < D // 2, d + D // 2, d - D // 2)  # rotate_half's halves
+            q_half = tl.load(q_at + half[None, :], mask=q_in, other=0.0).to(tl.float32)
             cos = tl.load(cos_ptr + b * sc_b + d, mask=d < D, other=0.0).to(tl.float32)
             sin = tl.load(sin_ptr + b * ss_b + d, mask=d < D, other=0.0).to(tl.float32)
-            rotated = tl.where((d < half)[None, :], -q_half.to(tl.float32), q_half.to(tl.float32))
-            q = q * cos[None, :] + rotated * sin[None, :]
-        m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
-        l_i = tl.zeros((G_PAD,), tl.float32)
+            q = q * cos[None, :] + tl.where(first[None, :], -q_half, q_half) * sin[None, :]
+        m_i, l_i = tl.full((G_PAD,), float("-inf"), tl.float32), tl.zeros((G_PAD,), tl.float32)
         acc = tl.zeros((G_PAD, D_PAD), tl.float32)
         for start in range(split * CHUNK, split * CHUNK + CHUNK, BLOCK_L):
             pos = start + tl.arange(0, BLOCK_L)
@@ -121,10 +114,8 @@ def _merge_kernel() -> Any:
         maxima: softmax(q k^T) v."""
         ready = 0  # as the split kernel's
         if PDL:
-            ready = tl.inline_asm_elementwise(
-                "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
-                dtype=tl.int32, is_pure=True, pack=1,
-            ) * 16  # fmt: skip
+            ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
+                                              "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
         part_ptr, stats_ptr, out_ptr = part_ptr + ready, stats_ptr + ready, out_ptr + ready
         head = tl.program_id(0)
         b, h = head // (KV_HEADS * GROUPS), head % (KV_HEADS * GROUPS)

@@ -74,11 +74,9 @@ def kernel() -> Any:
                     other=0.0, eviction_policy=evict)  # fmt: skip
         # what the step wrote (x, the residual) and its output only through pointers offset by `ready`: after the wait
         ready = 0
-        if PDL:  # pure (torch's mutation analysis skips it), a value (what uses it stays after it)
-            ready = tl.inline_asm_elementwise(
-                "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
-                dtype=tl.int32, is_pure=True, pack=1,
-            ) * 16  # fmt: skip
+        if PDL:  # pure (torch's mutation analysis skips it), a value (what uses it stays after it); x16: aligned
+            ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
+                                              "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
         x_ptr, r_ptr, y_ptr = x_ptr + ready, r_ptr + ready, y_ptr + ready
         for k in range(0, K, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
