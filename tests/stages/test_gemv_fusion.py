@@ -16,6 +16,7 @@ import sys
 import textwrap
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -87,6 +88,18 @@ def test_the_compiled_fused_kernel_normalizes_gates_and_adds_as_torch_does() -> 
     computes_as_torch("cuda")
 
 
+def decode_module(model_dir: Path, root: Path, *more: str) -> tuple[Any, torch.nn.Module]:
+    """The plan of a decode step with the llm passes (and `more`), and its
+    module after them, its linear layers given the GEMV as a CUDA build's are."""
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "~module.methods.prefill", *more)))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    passes_stage(module, plan.spec)
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.forward = types.MethodType(gemv_forward, layer)  # as use_gemv gives a CUDA layer
+    return plan, module
+
+
 @pytest.fixture(scope="module")
 def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gemv_fusion")
@@ -105,14 +118,7 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs_and_gives_eager_logits(
     families: Path, family: str, fused: dict[str, int]
 ) -> None:
-    model_dir = save_family(family, families / family)
-    overrides = llm_overrides(model_dir, families, "passes=llm", "~module.methods.prefill")
-    plan = make_plan(compose(overrides))
-    module = instantiate_stage(plan.spec, plan.digests).value
-    passes_stage(module, plan.spec)
-    for layer in module.modules():
-        if isinstance(layer, torch.nn.Linear):
-            layer.forward = types.MethodType(gemv_forward, layer)  # as use_gemv gives a CUDA layer
+    plan, module = decode_module(save_family(family, families / family), families)
     stage = export_stage(module, plan.spec)
     program = stage.value[0].program
     assert stage.sections["gemv_fusion"] == {"methods": {"decode": fused}}

@@ -13,25 +13,18 @@ from __future__ import annotations
 
 import sys
 import textwrap
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from test_gemv_fusion import in_fresh_process
-from test_passes import llm_overrides
+from test_gemv_fusion import decode_module, in_fresh_process
 
-from flashrt_build.cache.plan import make_plan
-from flashrt_build.config.compose import compose
 from flashrt_build.stages import decode_attention
 from flashrt_build.stages.attention import model_configs
 from flashrt_build.stages.domain import preserved_buffers
 from flashrt_build.stages.export import export_stage
-from flashrt_build.stages.gemv import gemv_forward
 from flashrt_build.stages.inputs import make_inputs
-from flashrt_build.stages.module import instantiate_stage
-from flashrt_build.stages.passes import passes_stage
 from flashrt_build.stages.rotary_fusion import fuse_rotary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,13 +39,7 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def decode_graph(model_dir: Path, root: Path, *more: str) -> tuple[Any, Any, Any]:
     """(plan, module, export stage) of an fp16 decode step with the llm passes,
     its layers given the GEMV and its models the decode attention as a CUDA build's are."""
-    overrides = llm_overrides(model_dir, root, "passes=llm", "~module.methods.prefill", "target.dtype=float16", *more)
-    plan = make_plan(compose(overrides))
-    module = instantiate_stage(plan.spec, plan.digests).value
-    passes_stage(module, plan.spec)
-    for layer in module.modules():
-        if isinstance(layer, torch.nn.Linear):
-            layer.forward = types.MethodType(gemv_forward, layer)  # as use_gemv gives a CUDA layer
+    plan, module = decode_module(model_dir, root, "target.dtype=float16", *more)
     decode_attention.register()
     for config in model_configs(module):
         config._attn_implementation = decode_attention.NAME  # as use_decode_attention switches a CUDA model
