@@ -55,9 +55,12 @@ def exported_after_passes(model_dir: Path, root: Path, *more: str) -> tuple[Any,
 
 
 def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llama: tuple[Path, Path]) -> None:
-    """gemv and decode_attention are CUDA's: `passes=llm` on a CPU fuses and says the rest took nothing."""
+    """gemv and decode_attention are CUDA's: `passes=llm` on a CPU fuses and says the rest took nothing
+    (rotary_fusion and pdl too, off in llm until a GPU times them)."""
     model_dir, root = llama
-    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm")))
+    plan = make_plan(
+        compose(llm_overrides(model_dir, root, "passes=llm", "passes.rotary_fusion=true", "passes.pdl=true"))
+    )
     module = instantiate_stage(plan.spec, plan.digests).value
     stage = passes_stage(module, plan.spec)
     assert stage.sections["passes"]["gemv"] == {"layers": 0}

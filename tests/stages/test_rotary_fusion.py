@@ -36,10 +36,10 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("rotary_fusion")
 
 
-def decode_graph(model_dir: Path, root: Path, *more: str) -> tuple[Any, Any, Any]:
-    """(plan, module, export stage) of an fp16 decode step with the llm passes,
+def decode_graph(model_dir: Path, root: Path, rotary: bool = True) -> tuple[Any, Any, Any]:
+    """(plan, module, export stage) of an fp16 decode step with the llm passes (rotary_fusion on or off),
     its layers given the GEMV and its models the decode attention as a CUDA build's are."""
-    plan, module = decode_module(model_dir, root, "target.dtype=float16", *more)
+    plan, module = decode_module(model_dir, root, "target.dtype=float16", f"passes.rotary_fusion={rotary}".lower())
     decode_attention.register()
     for config in model_configs(module):
         config._attn_implementation = decode_attention.NAME  # as use_decode_attention switches a CUDA model
@@ -56,7 +56,7 @@ def test_each_layers_query_rotary_moves_into_its_attention_kernel_and_the_logits
 ) -> None:
     model_dir = save_family(family, families / family)
     plan, module, stage = decode_graph(model_dir, families)
-    _, _, plain = decode_graph(model_dir, families, "passes.rotary_fusion=false")
+    _, _, plain = decode_graph(model_dir, families, rotary=False)
     program, before = stage.value[0].program, plain.value[0].program
     assert stage.sections["rotary_fusion"] == {"methods": {"decode": {"queries": 2}}}
     assert "decode: 2 queries rotated in the attention kernel" in stage.note
