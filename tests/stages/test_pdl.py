@@ -98,3 +98,51 @@ def test_the_attention_kernels_wait_before_they_read_or_write(which: str) -> Non
         types = {"part_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16", "so_b": "i32", "so_h": "i32"}
         lines = ptx(_merge_kernel(), types, {**shape, "S_PAD": 16})
     assert not [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
+
+
+class HopperTarget:
+    """Triton's active driver as torch's analysis asks it, on a machine without a GPU: an H100's target."""
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+def written(fn: Any, kwargs: dict[str, Any]) -> list[str]:
+    """The arguments torch's mutation analysis (the one export and AOTInductor
+    run on a Triton kernel) finds `fn` writes, its TTIR made for an H100."""
+    from unittest import mock
+
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    driver = type(triton.runtime.driver)
+    with mock.patch.object(driver, "active", property(lambda _: HopperTarget()), create=True):
+        accessed = triton_kernel_wrap.identify_accessed_tensors(fn, kwargs, {})
+    return sorted(dep.name for dep in accessed.read_writes.writes)
+
+
+def test_torchs_mutation_analysis_reads_what_each_waiting_kernel_writes() -> None:
+    """An impure wait (Triton's own gdc_wait) makes the analysis give up and
+    take every input for written: the first H100 build failed on it. The
+    kernels' pure wait leaves their writes exactly their outputs."""
+    import torch
+
+    def bf16(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=torch.bfloat16)
+
+    def fp32(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape)
+
+    shape = dict(KV_HEADS=1, GROUPS=4, G_PAD=16, D=64, D_PAD=64, SPLITS=1, PDL=True)
+    strides = dict.fromkeys(("sq_b", "sk_b", "sv_b", "sm_b", "sc_b", "ss_b", "sm_l"), 1)
+    strides |= dict.fromkeys(("sq_h", "sk_h", "sk_l", "sv_h", "sv_l"), 64)
+    gemv = dict(w_ptr=bf16(8, 16), x_ptr=bf16(16), v_ptr=bf16(16), b_ptr=bf16(8), r_ptr=bf16(8), y_ptr=bf16(8), N=8,
+                K=16, eps=1e-5, **{**GEMV, "BLOCK_K": 16}, PDL=True)  # fmt: skip
+    split = dict(q_ptr=bf16(4, 64), k_ptr=bf16(64, 64), v_ptr=bf16(64, 64), mask_ptr=torch.ones(64, dtype=torch.bool),
+                 cos_ptr=bf16(64), sin_ptr=bf16(64), part_ptr=fp32(16, 64), stats_ptr=fp32(32), length=64, scale=0.125,
+                 **strides, **shape, CHUNK=64, BLOCK_L=64, HAS_MASK=True, ROTARY=True)  # fmt: skip
+    merge = dict(part_ptr=fp32(16, 64), stats_ptr=fp32(32), out_ptr=bf16(4, 64), so_b=1, so_h=64, **shape, S_PAD=1)
+    assert written(kernel(), gemv) == ["y_ptr"]
+    assert written(_split_kernel(), split) == ["part_ptr", "stats_ptr"]
+    assert written(_merge_kernel(), merge) == ["out_ptr"]
