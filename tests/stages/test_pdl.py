@@ -1,12 +1,18 @@
 """The pdl pass: the package's launcher launches the flashrt_pdl_* kernels as
 programmatic dependents, and those kernels wait before they touch what
 another kernel wrote. The launcher's source is checked here as this torch
-makes it; the kernels as Triton compiles them for a Hopper GPU (PTX, no GPU
-needed). The GPU half (a package built with it verifies and decodes) is in
-test_gemv.py."""
+makes it, and compiled (syntax only) against the CUDA headers Triton ships;
+the kernels as Triton compiles them for a Hopper GPU (PTX, no GPU needed)
+and as torch's mutation analysis reads them. The GPU half (a package built
+with it verifies and decodes, from Python and C++) is the passes test in
+test_causal_lm_gpu.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +45,22 @@ def test_the_patched_launcher_launches_flashrt_kernels_as_dependents_and_the_res
     assert helper.count("cuLaunchKernel(") == 1  # any other kernel: the plain launch it had
     # everything else (loadKernel, the error checks) as torch wrote it
     assert patched.replace(helper, "").replace(call, pdl._LAUNCH.search(source).group(0)) == source
+
+
+def test_the_patched_launcher_compiles_against_the_cuda_driver_api(tmp_path: Path) -> None:
+    """The launcher as a package's wrapper holds it, compiled (syntax only)
+    against Triton's copy of CUDA's headers: cuLaunchKernelEx, its config
+    and attribute, cuFuncGetName as the driver API declares them."""
+    include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None or not (include / "cuda.h").is_file():
+        pytest.skip("needs a C++ compiler and Triton's CUDA headers")
+    headers = ("cuda.h", "cuda_runtime_api.h", "filesystem", "optional", "stdexcept", "string", "vector")
+    source = tmp_path / "launcher.cpp"
+    source.write_text("".join(f"#include <{h}>\n" for h in headers) + pdl.with_pdl_launch(driver_source()))
+    done = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", f"-I{include}", str(source)],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_an_unknown_launcher_is_left_alone_and_the_patch_lasts_only_the_compile() -> None:
