@@ -149,9 +149,12 @@ def test_a_fused_layer_fed_different_inputs_gives_each_its_own_output() -> None:
 @pytest.mark.slow
 def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Path, Path]) -> None:
     model_dir, root = llama
-    result = flashrt_build.build(compose(llm_overrides(model_dir, root, "passes=llm")))
+    # rotary_fusion and pdl (off in llm) on: a CPU build records that they did nothing (the schema checks the record)
+    overrides = llm_overrides(model_dir, root, "passes=llm", "passes.rotary_fusion=true", "passes.pdl=true")
+    result = flashrt_build.build(compose(overrides))
     manifest = result.manifest
     assert manifest["verification"]["passed"] is True
+    assert manifest["passes"]["rotary_fusion"] == {"methods": {}} and manifest["passes"]["pdl"] == {"launched": False}
     assert result.output_dir.name.startswith("cpu-external-default-llm")  # its own folder beside passes=none
     assert "passes" in manifest["timings"] and manifest["config"]["passes"]["fuse_projections"] is True
     fused = {g["weight"] for g in manifest["passes"]["fuse_projections"]["fused"]}
