@@ -13,11 +13,18 @@ at the decode step's shapes:
    no extra pass), SiLU(gate) * up before `down`, the residual add after `o`
    and `down`; each against the two kernels a package without the pass runs
    (a pointwise kernel, then the GEMV).
+3. Programmatic dependent launch, as the `pdl` pass launches it: a decode
+   step's chain of GEMVs (per layer the norm and q/k/v, o and the residual
+   add, the norm and gate/up, SiLU, down and the residual add; the lm_head),
+   each feeding the next, with and without the kernels' waits and the PDL
+   launch (`--pdl-only`: this part alone); both chains must give the same
+   bits.
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
 
     python bench/gemv_fusion_probe.py                   # a GPU: bench/results/gemv_fusion_probe_<gpu>.md
+    python bench/gemv_fusion_probe.py --pdl-only        # 3. alone: bench/results/gemv_pdl_probe_<gpu>.md
     TRITON_INTERPRET=1 python bench/gemv_fusion_probe.py --check   # the kernels' numerics on a CPU
 """
 
@@ -76,9 +83,13 @@ Config = tuple[int, int, int, int, bool]
 EPS = 1e-5
 
 
-def gemv(config: Config, prologue: int = NONE, residual: bool = False) -> Callable[..., torch.Tensor]:
-    """The package's GEMV kernel (flashrt_build/stages/gemv.py) at `config`, with a prologue and a residual add."""
+def gemv(
+    config: Config, prologue: int = NONE, residual: bool = False, pdl: bool = False
+) -> Callable[..., torch.Tensor]:
+    """The package's GEMV kernel (flashrt_build/stages/gemv.py) at `config`, with a prologue and a residual add;
+    `pdl`: with its wait, launched as a programmatic dependent (the pdl pass's launch)."""
     block_n, block_k, warps, stages, evict = config
+    launch = {"launch_pdl": True} if pdl else {}
 
     def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None):
         n, k = w.shape
@@ -86,7 +97,8 @@ def gemv(config: Config, prologue: int = NONE, residual: bool = False) -> Callab
         kernel()[(triton.cdiv(n, block_n),)](
             w, x, x if v is None else v, w, y if r is None else r, y, n, k, EPS,
             PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=block_n,
-            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, num_warps=warps, num_stages=stages,
+            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, num_warps=warps,
+            num_stages=stages, **launch,
         )  # fmt: skip
         return y
 
@@ -205,6 +217,58 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
     return rows
 
 
+def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
+               pdl: bool) -> torch.Tensor:  # fmt: skip
+    """A decode step's GEMVs as the gemv_fusion pass calls them, each
+    feeding the next; the attention's output stands in for q's (its
+    kernels are not probed)."""
+    normed = gemv(SHIPPED, NORM, pdl=pdl)
+    added, gated = gemv(SHIPPED, residual=True, pdl=pdl), gemv(SHIPPED, GATED, residual=True, pdl=pdl)
+    h = x
+    for w in weights:
+        qkv = normed(w["qkv"], h, norm)
+        h = added(w["o"], qkv[: h.shape[0]], None, h)
+        gate_up = normed(w["gate_up"], h, norm)
+        half = gate_up.shape[0] // 2
+        h = gated(w["down"], gate_up[:half], gate_up[half:], h)
+    return normed(head, h, norm)
+
+
+def pdl_chain(layers: int, replays: int) -> tuple[list[list[str]], bool]:
+    """A decode step's GEMV chain (Llama-3.2-1B's shapes, the gemv_fusion
+    pass's kernels) replayed from a CUDA graph, without and with PDL: table
+    rows (ms a step, ratio) and whether both gave the same bits."""
+    sizes = {name: (n, k) for name, n, k, _ in SHAPES}
+    make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.bfloat16) / shape[-1] ** 0.5  # noqa: E731
+    weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
+    head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
+
+    def step(pdl: bool) -> torch.Tensor:
+        return gemv_chain(weights, head, x, norm, pdl)
+
+    rows, out = [], {}
+    for pdl in (False, True):
+        out[pdl] = step(pdl)  # compiled and warmed outside the graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step(pdl)
+        times = []
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / replays)
+        out[pdl] = captured.clone()
+        rows.append(["with PDL" if pdl else "plain launches", f"{min(times):.4f}", f"{4 * layers + 1}"])
+        print(rows[-1], flush=True)
+    rows[1].append(f"{float(rows[1][1]) / float(rows[0][1]):.3f}")
+    rows[0].append("1")
+    return rows, torch.equal(out[False], out[True])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true", help="the kernels' numerics only (TRITON_INTERPRET=1: a CPU)")
@@ -213,13 +277,26 @@ def main() -> None:
     parser.add_argument("--block-k", type=int_list, default=[1024, 2048])
     parser.add_argument("--warps", type=int_list, default=[4, 8])
     parser.add_argument("--stages", type=int_list, default=[1, 3])
+    parser.add_argument("--pdl-only", action="store_true", help="only the GEMV chain without and with PDL")
+    parser.add_argument("--layers", type=int, default=16, help="the chain's layers (Llama-3.2-1B: 16)")
     args = parser.parse_args()
     if args.check:
         check("cpu" if not torch.cuda.is_available() else "cuda")
         return
     check("cuda")
-    configs = list(itertools.product(args.block_n, args.block_k, args.warps, args.stages, [False, True]))
     gpu = torch.cuda.get_device_name()
+    tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
+    chain, same = pdl_chain(args.layers, 10 * args.replays)
+    pdl_body = (
+        f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, the shipped launch "
+        f"{SHIPPED}; both chains gave {'the same bits' if same else 'DIFFERENT OUTPUTS'}\n\n"
+        + table(["GEMV chain", "ms a step", "kernels", "ratio"], chain, "lrrr")
+    )
+    if args.pdl_only:
+        publish(RESULTS / f"gemv_pdl_probe_{tag}.md", "A decode step's GEMV chain with programmatic dependent launch",
+                "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), pdl_body)  # fmt: skip
+        return
+    configs = list(itertools.product(args.block_n, args.block_k, args.warps, args.stages, [False, True]))
     peak = {"H100": 3.35, "H200": 4.8}.get(next((g for g in ("H100", "H200") if g in gpu), ""), float("nan"))
     torch.manual_seed(0)
     sizes = {name: (n, k, per_step) for name, n, k, per_step in SHAPES}
@@ -252,8 +329,9 @@ def main() -> None:
             fused_rows,
             "lllrrrr",
         )  # fmt: skip
+        + "\nProgrammatic dependent launch: "
+        + pdl_body
     )
-    tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
     publish(RESULTS / f"gemv_fusion_probe_{tag}.md", "Decode GEMVs: configurations and fused neighbours",
             "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
 
