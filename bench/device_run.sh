@@ -24,7 +24,7 @@ total=$1
 shift
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  python3 -c "from flashrt_build.stages import pdl; print('pdl:', pdl.unavailable('cuda') or 'launches')"; } > "$log" 2>&1
+  python3 -c "from flashrt_build.stages import pdl; print('pdl: launcher known:', pdl.launcher_known())"; } > "$log" 2>&1
 bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
 # results named by the card (h100, h200): a run on one kind never overwrites the other's
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)

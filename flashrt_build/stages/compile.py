@@ -103,7 +103,7 @@ def compile_stage(
             target = f"{spec.target} method {name}" if spec.multi_method else spec.target
             with timer.stage(f"compile {name}" if spec.multi_method else "compile"):
                 own = {**options, **method_options(e, spec)}
-                pdl = spec.pdl and pdl_unavailable(spec.device) is None
+                pdl = spec.pdl and pdl_unavailable(spec) is None
                 compile_package(e.program, own, part, target, cache_dir, pdl=pdl)
             if spec.multi_method:
                 kept.keep(key, part)

@@ -123,7 +123,7 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append(f"combo_kernels: {', '.join(methods) + ' (static shapes)' if methods else none}")
         section["combo_kernels"] = {"methods": list(methods)}
     if spec.pdl:  # the compile stage patches the launcher (pdl.py)
-        unavailable = pdl.unavailable(spec.device)
+        unavailable = pdl.unavailable(spec)
         notes.append("pdl: the package's GEMV and attention kernels as programmatic dependents"
                      if unavailable is None else f"pdl: plain launches ({unavailable})")  # fmt: skip
         section["pdl"] = {"launched": unavailable is None}

@@ -6,9 +6,10 @@ before it to end before a single one of its programs starts, and each of
 which then needs a microsecond or two to fill the GPU: a GEMV of a few MB
 spends as long starting and ending as streaming. Hopper's programmatic
 dependent launch (PDL) starts a kernel while the one before it finishes;
-the kernel itself says where it needs that kernel's writes (`gdc_wait`). The
-GEMV loads its first weight tile before it waits (the weights do not
-depend on the step), so its reads begin under the previous kernel's tail.
+the kernel itself says where it needs that kernel's writes
+(`griddepcontrol.wait`). The GEMV loads its first weight tile before it
+waits (the weights do not depend on the step), so its reads begin under
+the previous kernel's tail.
 
 AOTInductor launches every kernel with a plain `cuLaunchKernel`; this pass
 has the package's launcher launch the kernels whose names start with
@@ -16,6 +17,8 @@ has the package's launcher launch the kernels whose names start with
 compile (`patched_launcher`). Only those kernels: each waits before it
 reads or writes anything another kernel touches, which Inductor's own
 kernels are not written to do. A CUDA graph keeps the launches' edges.
+The launcher knows its kernels by name with `cuFuncGetName` (a CUDA 12.3
+driver; every torch build for Hopper asks for a newer one).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from typing import Any
 
 import torch
 
-PREFIX = "flashrt_pdl_"  # a kernel whose name starts so waits (gdc_wait) before it touches another's data
+from ..config.spec import BuildSpec
+
+PREFIX = "flashrt_pdl_"  # a kernel whose name starts so waits before it touches another's data
 
 # AOTInductor's launch in its launcher source (torch/_inductor/codegen/cuda/device_op_overrides.py)
 _LAUNCH = re.compile(
@@ -82,11 +87,15 @@ def pdl_kernels(x: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
-def unavailable(device: str) -> str | None:
-    """Why a build for `device` cannot launch its kernels as programmatic
-    dependents; None where it can."""
+def unavailable(spec: BuildSpec) -> str | None:
+    """Why a build cannot launch its own kernels as programmatic
+    dependents; None where it can (the passes stage says it, the compile
+    stage acts on it)."""
+    device = spec.device
     if not device.startswith("cuda"):
         return f"target.device={device}"
+    if not (spec.gemv or spec.decode_attention):
+        return "no kernel of its own to launch: passes.gemv=false, passes.decode_attention=false"
     if not torch.cuda.is_available():
         return "no CUDA device to build on"
     major, minor = torch.cuda.get_device_capability(torch.device(device))

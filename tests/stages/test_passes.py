@@ -82,6 +82,10 @@ def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llam
     alone = make_plan(compose(llm_overrides(model_dir, root, "passes.rotary_fusion=true")))
     note = passes_stage(nn.Module(), alone.spec).note
     assert "rotary_fusion: no decode attention to rotate in (passes.decode_attention=false)" in note
+    alone = make_plan(compose(llm_overrides(model_dir, root, "target=cuda", "passes.pdl=true")))
+    stage = passes_stage(nn.Module(), alone.spec)  # a CUDA target, none of the package's own kernels
+    assert "pdl: plain launches (no kernel of its own to launch: passes.gemv=false" in stage.note
+    assert stage.sections["passes"]["pdl"] == {"launched": False}
 
 
 def test_on_a_cuda_target_llm_compiles_the_static_decode_step_with_combo_kernels(llama: tuple[Path, Path]) -> None:
