@@ -97,7 +97,7 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append(f"gemv: {len(layers)} linear layers, for their one-row calls" if layers else
                      f"gemv: no float linear layer on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["gemv"] = {"layers": len(layers)}
-    if spec.gemv_fusion:  # the export stage rewrites the graphs and records what it fused (gemv_fusion.py)
+    if spec.gemv_fusion:  # the export stage rewrites the graphs and records what it fused (gemv_fusion.py): a note
         why = "passes.gemv=false" if not spec.gemv else f"target.device={spec.device}"
         cuda_gemv = spec.gemv and spec.device.startswith("cuda")
         notes.append(
@@ -105,18 +105,16 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
             if cuda_gemv
             else f"gemv_fusion: no GEMV to fuse into ({why})"
         )
-        section["gemv_fusion"] = {"methods": {}}  # by method, filled in at export
     if spec.decode_attention:  # after grouped_attention: its attention is the fallback
         switched = use_decode_attention(module)
         notes.append(f"decode_attention: {switched} model(s), for their one-token calls" if switched else
                      f"decode_attention: no SDPA model on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["decode_attention"] = {"models": switched}
-    if spec.rotary_fusion:  # the export stage rewrites the graphs and records what it fused (rotary_fusion.py)
+    if spec.rotary_fusion:  # likewise (rotary_fusion.py)
         cuda = spec.decode_attention and spec.device.startswith("cuda")
         why = "passes.decode_attention=false" if not spec.decode_attention else f"target.device={spec.device}"
         notes.append("rotary_fusion: at export, into each decode attention call" if cuda else
                      f"rotary_fusion: no decode attention to rotate in ({why})")  # fmt: skip
-        section["rotary_fusion"] = {"methods": {}}  # by method, filled in at export
     if spec.combo_kernels:  # the compile stage sets the option (BuildSpec.method_inductor_options_of)
         methods = spec.combo_methods
         none = f"no static-shape method on a CUDA device (target.device={spec.device})"
@@ -127,7 +125,7 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append("pdl: the package's GEMV and attention kernels as programmatic dependents"
                      if unavailable is None else f"pdl: plain launches ({unavailable})")  # fmt: skip
         section["pdl"] = {"launched": unavailable is None}
-    return Stage(None, "; ".join(notes) or "none", {"passes": section} if len(section) > 1 else {})
+    return Stage(None, "; ".join(notes) or "none", {"passes": section} if spec.any_pass else {})
 
 
 def projection_groups(module: nn.Module, spec: BuildSpec) -> list[Group]:
