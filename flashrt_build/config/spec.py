@@ -91,8 +91,7 @@ class BuildSpec:
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
         passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.gemv_fusion, self.decode_attention,
-                  self.rotary_fusion,
-                  self.combo_kernels, self.pdl)  # fmt: skip
+                  self.rotary_fusion, self.combo_kernels, self.pdl)  # fmt: skip
         return any(passes)
 
     @property

@@ -68,9 +68,8 @@ def kernel() -> Any:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
         evict: tl.constexpr = "evict_first" if EVICT else ""
-        cols = tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
-                    other=0.0, eviction_policy=evict)  # fmt: skip
+        w_rows, w_in, cols = w_ptr + rows[:, None] * K, rows[:, None] < N, tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
         # what the step wrote (x, the residual) and its output only through pointers offset by `ready`: after the wait
         ready = 0
         if PDL:  # pure (torch's mutation analysis skips it), a value (what uses it stays after it); x16: aligned
@@ -80,8 +79,7 @@ def kernel() -> Any:
         for k in range(0, K, BLOCK_K):
             cols = k + tl.arange(0, BLOCK_K)
             if k > 0:  # the first tile is in
-                w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], other=0.0, eviction_policy=evict,
-                            mask=(rows[:, None] < N) & (cols[None, :] < K))  # fmt: skip
+                w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
             x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
             if PROLOGUE == 1:
                 squares += x * x
