@@ -86,8 +86,7 @@ def finish_manifest(draft: Manifest, verification: Mapping[str, Any] | None, tim
 def _passes(sections: Mapping[str, Any]) -> dict[str, Any]:
     """The passes stage's record, with what the export stage's rewrites (gemv_fusion, rotary_fusion) did:
     their one record."""
-    rewrites = {name: sections[name] for name in ("gemv_fusion", "rotary_fusion") if name in sections}
-    return {**sections["passes"], **rewrites}
+    return {**sections["passes"], **sections.get("rewrites", {})}
 
 
 def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -188,11 +188,9 @@ def export_stage(
         note += f"; {name}: fused into GEMVs " + ", ".join(f"{count} {what}" for what, count in took.items())
     for name, took in rotated.items():
         note += f"; {name}: {took['queries']} queries rotated in the attention kernel"
-    sections: dict[str, Any] = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()]}
-    if spec.gemv_fusion:
-        sections["gemv_fusion"] = {"methods": fused}
-    if spec.rotary_fusion:
-        sections["rotary_fusion"] = {"methods": rotated}
+    rewrites = {"gemv_fusion": {"methods": fused}} if spec.gemv_fusion else {}  # the manifest's passes.*: theirs
+    rewrites |= {"rotary_fusion": {"methods": rotated}} if spec.rotary_fusion else {}
+    sections = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()], "rewrites": rewrites}
     return Stage(exported, note, {k: v for k, v in sections.items() if v})
 
 

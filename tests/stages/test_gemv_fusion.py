@@ -121,7 +121,7 @@ def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs
     plan, module = decode_module(save_family(family, families / family), families)
     stage = export_stage(module, plan.spec)
     program = stage.value[0].program
-    assert stage.sections["gemv_fusion"] == {"methods": {"decode": fused}}
+    assert stage.sections["rewrites"]["gemv_fusion"] == {"methods": {"decode": fused}}
     assert f"decode: fused into GEMVs {fused['norms']} norms, {fused['gates']} gates" in stage.note
     called = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
     gemvs = called.count("flashrt.gemv.default") + called.count("flashrt.gemv_fused.default")

@@ -58,7 +58,7 @@ def test_each_layers_query_rotary_moves_into_its_attention_kernel_and_the_logits
     plan, module, stage = decode_graph(model_dir, families)
     _, _, plain = decode_graph(model_dir, families, rotary=False)
     program, before = stage.value[0].program, plain.value[0].program
-    assert stage.sections["rotary_fusion"] == {"methods": {"decode": {"queries": 2}}}
+    assert stage.sections["rewrites"]["rotary_fusion"] == {"methods": {"decode": {"queries": 2}}}
     assert "decode: 2 queries rotated in the attention kernel" in stage.note
     attention = called(program, "flashrt.decode_attention.default")
     assert len(attention) == 2 and all(len(node.args) == 7 for node in attention)
