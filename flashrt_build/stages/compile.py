@@ -86,6 +86,7 @@ def compile_stage(
     per method, whether it was reused. A stage of its own per method (its
     log line, its timing)."""
     reused: dict[str, bool] = {}
+    pdl = spec.pdl and pdl_unavailable(spec) is None  # the launcher of every method's model
     scratch = package_path.parent / ".methods"  # inside staging: a killed build leaves nothing behind
     try:
         parts = {}
@@ -103,7 +104,6 @@ def compile_stage(
             target = f"{spec.target} method {name}" if spec.multi_method else spec.target
             with timer.stage(f"compile {name}" if spec.multi_method else "compile"):
                 own = {**options, **method_options(e, spec)}
-                pdl = spec.pdl and pdl_unavailable(spec) is None
                 compile_package(e.program, own, part, target, cache_dir, pdl=pdl)
             if spec.multi_method:
                 kept.keep(key, part)
