@@ -67,6 +67,11 @@ module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' pas
     decode_rotary)  # passes=llm with rotary_fusion (q's rotary in the attention kernel; off in llm) against it
       cmd=("${bench[@]}" --only decode --passes llm --variant "rotary:passes=llm passes.rotary_fusion=true"
            --no-baseline --jobs 2 --out-name causal_lm_decode_rotary_$tag) ;;
+    decode_levers)  # passes=llm against it with rotary_fusion, with pdl, with both (the two off in llm until timed)
+      cmd=("${bench[@]}" --only decode --passes llm --variant "rotary:passes=llm passes.rotary_fusion=true"
+           --variant "pdl:passes=llm passes.pdl=true"
+           --variant "both:passes=llm passes.rotary_fusion=true passes.pdl=true"
+           --no-baseline --jobs 4 --out-name causal_lm_decode_levers_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_attention_$tag) ;;
