@@ -1,4 +1,4 @@
-"""The package's GEMV kernel (flashrt_build/stages/gemv.py), probed on a GPU
+"""The package's GEMV kernel (flashrt_build/stages/triton_kernels.py), probed on a GPU
 at the decode step's shapes:
 
 1. Its launch: the shipped configuration (gemv.py's: 2 rows a program, K in
@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
-from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, EVICT, GATED, NONE, NORM, STAGES, WARPS, kernel  # noqa: E402
+from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, EVICT, GATED, NONE, NORM, STAGES, WARPS  # noqa: E402
+from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
 SHIPPED = (BLOCK_N, BLOCK_K, WARPS, STAGES, EVICT)
@@ -86,15 +87,15 @@ EPS = 1e-5
 def gemv(
     config: Config, prologue: int = NONE, residual: bool = False, pdl: bool = False
 ) -> Callable[..., torch.Tensor]:
-    """The package's GEMV kernel (flashrt_build/stages/gemv.py) at `config`, with a prologue and a residual add;
-    `pdl`: with its wait, launched as a programmatic dependent (the pdl pass's launch)."""
+    """The package's GEMV kernel (flashrt_build/stages/triton_kernels.py) at `config`, with a prologue and a
+    residual add; `pdl`: with its wait, launched as a programmatic dependent (the pdl pass's launch)."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
 
     def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None):
         n, k = w.shape
         y = torch.empty(n, device=w.device, dtype=w.dtype)
-        kernel()[(triton.cdiv(n, block_n),)](
+        flashrt_pdl_gemv[(triton.cdiv(n, block_n),)](
             w, x, x if v is None else v, w, y if r is None else r, y, n, k, EPS,
             PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=block_n,
             BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, num_warps=warps,

@@ -11,6 +11,7 @@ its manifest sections and its log note.
     attention.py        the grouped_attention pass: grouped-query attention without copying the cache
     gemv.py             the gemv pass: a CUDA package's one-row matmuls as a Triton GEMV compiled in
     decode_attention.py the decode_attention pass: a one-token step's attention as a Triton split-KV kernel
+    triton_kernels.py   those passes' Triton kernels, imported on first use (it needs Triton)
     domain.py           the config's inputs against the eager module, before the compile
     inputs.py           seeded example inputs and torch.export dynamic shapes
     export.py           torch.export: one graph per method or an error naming the cause

@@ -38,102 +38,6 @@ PROGRAMS = 128  # programs a call aims at (about one wave of an H100's 132 SMs):
 HALVES = (torch.bfloat16, torch.float16)
 
 
-def _split_kernel() -> Any:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def flashrt_pdl_attention_split(
-        q_ptr, k_ptr, v_ptr, mask_ptr, cos_ptr, sin_ptr, part_ptr, stats_ptr, length, scale,
-        sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l, sc_b, ss_b,
-        KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr,
-        ROTARY: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """One (batch, KV head) pair's query heads over one chunk of the
-        cache: the chunk's unnormalised output, its running max and sum.
-        The dots take fp32 (TF32 on a GPU: exact for bf16 and fp16): Triton's
-        interpreter gets a bf16 dot wrong (3.x). PDL: it waits on the kernel
-        before it first (pdl.py). ROTARY: it rotates q (rotary_fusion.py)."""
-        ready = 0  # as the GEMV's (gemv.py): every pointer to the step's data offset by the wait's zero
-        if PDL:
-            ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
-                                              "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
-        q_ptr, k_ptr, v_ptr, mask_ptr = q_ptr + ready, k_ptr + ready, v_ptr + ready, mask_ptr + ready
-        cos_ptr, sin_ptr, part_ptr, stats_ptr = cos_ptr + ready, sin_ptr + ready, part_ptr + ready, stats_ptr + ready
-        pair, split = tl.program_id(0), tl.program_id(1)
-        b, kv = pair // KV_HEADS, pair % KV_HEADS
-        g, d = tl.arange(0, G_PAD), tl.arange(0, D_PAD)
-        q_at, q_in = q_ptr + b * sq_b + (kv * GROUPS + g)[:, None] * sq_h, (g[:, None] < GROUPS) & (d[None, :] < D)
-        q = tl.load(q_at + d[None, :], mask=q_in, other=0.0).to(tl.float32)
-        if ROTARY:  # q * cos + rotate_half(q) * sin, kept in fp32 (eager rounds it to q's dtype)
-            first, half = d < D // 2, tl.where(d < D // 2, d + D // 2, d - D // 2)  # rotate_half's halves
-            q_half = tl.load(q_at + half[None, :], mask=q_in, other=0.0).to(tl.float32)
-            cos = tl.load(cos_ptr + b * sc_b + d, mask=d < D, other=0.0).to(tl.float32)
-            sin = tl.load(sin_ptr + b * ss_b + d, mask=d < D, other=0.0).to(tl.float32)
-            q = q * cos[None, :] + tl.where(first[None, :], -q_half, q_half) * sin[None, :]
-        m_i, l_i = tl.full((G_PAD,), float("-inf"), tl.float32), tl.zeros((G_PAD,), tl.float32)
-        acc = tl.zeros((G_PAD, D_PAD), tl.float32)
-        for start in range(split * CHUNK, split * CHUNK + CHUNK, BLOCK_L):
-            pos = start + tl.arange(0, BLOCK_L)
-            seen = pos < length
-            if HAS_MASK:
-                seen = seen & (tl.load(mask_ptr + b * sm_b + pos * sm_l, mask=pos < length, other=0) != 0)
-            if tl.max(seen.to(tl.int32), 0) > 0:  # a block the mask hides (the unfilled cache) reads nothing
-                rows = seen[:, None] & (d[None, :] < D)  # a hidden position's row is not read
-                k = tl.load(k_ptr + b * sk_b + kv * sk_h + pos[:, None] * sk_l + d[None, :], mask=rows, other=0.0)
-                v = tl.load(v_ptr + b * sv_b + kv * sv_h + pos[:, None] * sv_l + d[None, :], mask=rows, other=0.0)
-                # fp32 whatever type the scale comes as (AOTInductor passes a Python float as fp64)
-                s = (tl.dot(q, tl.trans(k.to(tl.float32))) * scale).to(tl.float32)
-                s = tl.where(seen[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
-                m_i = m_new
-        at = pair * SPLITS + split
-        tl.store(part_ptr + (at * G_PAD + g[:, None]) * D_PAD + d[None, :], acc)
-        tl.store(stats_ptr + (at * 2) * G_PAD + g, m_i)
-        tl.store(stats_ptr + (at * 2 + 1) * G_PAD + g, l_i)
-
-    return flashrt_pdl_attention_split
-
-
-def _merge_kernel() -> Any:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def flashrt_pdl_attention_merge(
-        part_ptr, stats_ptr, out_ptr, so_b, so_h,
-        KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLITS: tl.constexpr, S_PAD: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """One query head's chunks, all read at once, merged by their
-        maxima: softmax(q k^T) v."""
-        ready = 0  # as the split kernel's
-        if PDL:
-            ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
-                                              "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
-        part_ptr, stats_ptr, out_ptr = part_ptr + ready, stats_ptr + ready, out_ptr + ready
-        head = tl.program_id(0)
-        b, h = head // (KV_HEADS * GROUPS), head % (KV_HEADS * GROUPS)
-        pair, g = b * KV_HEADS + h // GROUPS, h % GROUPS
-        s, d = tl.arange(0, S_PAD), tl.arange(0, D_PAD)
-        at = pair * SPLITS + s
-        m_s = tl.load(stats_ptr + (at * 2) * G_PAD + g, mask=s < SPLITS, other=float("-inf"))
-        l_s = tl.load(stats_ptr + (at * 2 + 1) * G_PAD + g, mask=s < SPLITS, other=0.0)
-        part = tl.load(part_ptr + (at[:, None] * G_PAD + g) * D_PAD + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
-        m = tl.max(m_s, 0)
-        w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m))  # a chunk the mask hid counts 0 (not NaN)
-        total = tl.sum(l_s * w, 0)
-        out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
-
-    return flashrt_pdl_attention_merge
-
-
 def split_of(pairs: int, length: int) -> tuple[int, int]:
     """(splits, chunk): the cache's positions cut into chunks of whole
     blocks, as many as bring the programs near PROGRAMS."""
@@ -153,7 +57,7 @@ def decode_attention_op() -> Any:
     import triton
     from torch.library import triton_op, wrap_triton
 
-    split_kernel, merge_kernel = _split_kernel(), _merge_kernel()
+    from .triton_kernels import flashrt_pdl_attention_merge, flashrt_pdl_attention_split
 
     @triton_op("flashrt::decode_attention", mutates_args=())
     def decode_attention(
@@ -173,7 +77,7 @@ def decode_attention_op() -> Any:
         cos, sin = (query if t is None else t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
         shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits,
                      PDL=pdl_kernels(query))  # fmt: skip
-        wrap_triton(split_kernel)[(batch * kv_heads, splits)](
+        wrap_triton(flashrt_pdl_attention_split)[(batch * kv_heads, splits)](
             query, key, value, key if mask is None else mask, cos, sin, part, stats, length, scale,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2),
@@ -181,7 +85,7 @@ def decode_attention_op() -> Any:
             0 if cos.shape[0] == 1 else cos.stride(0), 0 if sin.shape[0] == 1 else sin.stride(0),
             CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, ROTARY=rotary, num_warps=4, **shape,
         )  # fmt: skip
-        merge = wrap_triton(merge_kernel)[(batch * heads,)]
+        merge = wrap_triton(flashrt_pdl_attention_merge)[(batch * heads,)]
         merge(part, stats, out, out.stride(0), out.stride(2), S_PAD=triton.next_power_of_2(splits), **shape)
         return out
 

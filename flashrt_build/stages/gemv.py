@@ -41,64 +41,6 @@ FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v, SiLU(x) * v (gemv_fusion.py)
 
 
-@functools.cache
-def kernel() -> Any:
-    """The GEMV's Triton kernel, made on first use (it needs Triton); its ops
-    launch it, and so does bench/gemv_fusion_probe.py."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def flashrt_pdl_gemv(
-        w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
-        PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
-        program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
-        it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
-        anyway and scales its sums once at the end), or SiLU(x) * v. EVICT
-        loads the weight evict-first.
-
-        The first weight tile is loaded before the program waits on the
-        kernel before it (PDL: in a package the pdl pass launches as a
-        programmatic dependent): the weights do not depend on the step, so
-        they stream in while that kernel finishes."""
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        evict: tl.constexpr = "evict_first" if EVICT else ""
-        w_rows, w_in, cols = w_ptr + rows[:, None] * K, rows[:, None] < N, tl.arange(0, BLOCK_K)
-        w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
-        # what the step wrote (x, the residual) and its output only through pointers offset by `ready`: after the wait
-        ready = 0
-        if PDL:  # pure (torch's mutation analysis skips it), a value (what uses it stays after it); x16: aligned
-            ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
-                                              "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
-        x_ptr, r_ptr, y_ptr = x_ptr + ready, r_ptr + ready, y_ptr + ready
-        for k in range(0, K, BLOCK_K):
-            cols = k + tl.arange(0, BLOCK_K)
-            if k > 0:  # the first tile is in
-                w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
-            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-            if PROLOGUE == 1:
-                squares += x * x
-                x = x * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-            elif PROLOGUE == 2:
-                x = x * tl.sigmoid(x) * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
-        y = tl.sum(acc, axis=1)
-        if PROLOGUE == 1:  # eps arrives as fp64 from AOTInductor: the scale stays fp32
-            y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
-        if HAS_BIAS:
-            y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
-
-    return flashrt_pdl_gemv
-
-
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     v: torch.Tensor | None = None, residual: torch.Tensor | None = None, eps: float = 0.0, prologue: int = NONE,
@@ -106,10 +48,12 @@ def _launch(
     import triton
     from torch.library import wrap_triton
 
+    from .triton_kernels import flashrt_pdl_gemv
+
     n, k = weight.shape
     out = x.new_empty((*x.shape[:-1], n))
     x = x.contiguous()
-    wrap_triton(kernel())[(triton.cdiv(n, BLOCK_N),)](
+    wrap_triton(flashrt_pdl_gemv)[(triton.cdiv(n, BLOCK_N),)](
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
         out if residual is None else residual.contiguous(), out, n, k, eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVICT=EVICT,

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from flashrt_build.stages import pdl
-from flashrt_build.stages.decode_attention import _merge_kernel, _split_kernel
-from flashrt_build.stages.gemv import NORM, kernel
+from flashrt_build.stages.gemv import NORM
 
 triton = pytest.importorskip("triton")
+kernels = pytest.importorskip("flashrt_build.stages.triton_kernels")
 
 
 def driver_source() -> str:
@@ -99,11 +99,11 @@ GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=
 
 
 def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wrote() -> None:
-    lines = ptx(kernel(), {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": True})
+    lines = ptx(kernels.flashrt_pdl_gemv, {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": True})
     early = [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
     assert early and all("ld.global.L1::evict_first" in line for line in early)  # the weight's tile, nothing else
     assert sum("griddepcontrol.launch_dependents" in line for line in lines) == 1
-    plain = ptx(kernel(), {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": False})
+    plain = ptx(kernels.flashrt_pdl_gemv, {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": False})
     assert not any("griddepcontrol" in line for line in plain)
 
 
@@ -115,10 +115,11 @@ def test_the_attention_kernels_wait_before_they_read_or_write(which: str) -> Non
         types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*i1", "cos_ptr": "*bf16",
                  "sin_ptr": "*bf16", "part_ptr": "*fp32", "stats_ptr": "*fp32", "length": "i32", "scale": "fp32",
                  **dict.fromkeys((*strides, "sc_b", "ss_b"), "i32")}  # fmt: skip
-        lines = ptx(_split_kernel(), types, {**shape, "CHUNK": 64, "BLOCK_L": 64, "HAS_MASK": True, "ROTARY": True})
+        constants = {**shape, "CHUNK": 64, "BLOCK_L": 64, "HAS_MASK": True, "ROTARY": True}
+        lines = ptx(kernels.flashrt_pdl_attention_split, types, constants)
     else:
         types = {"part_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16", "so_b": "i32", "so_h": "i32"}
-        lines = ptx(_merge_kernel(), types, {**shape, "S_PAD": 16})
+        lines = ptx(kernels.flashrt_pdl_attention_merge, types, {**shape, "S_PAD": 16})
     assert not [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
 
 
@@ -165,6 +166,18 @@ def test_torchs_mutation_analysis_reads_what_each_waiting_kernel_writes() -> Non
                  cos_ptr=bf16(64), sin_ptr=bf16(64), part_ptr=fp32(16, 64), stats_ptr=fp32(32), length=64, scale=0.125,
                  **strides, **shape, CHUNK=64, BLOCK_L=64, HAS_MASK=True, ROTARY=True)  # fmt: skip
     merge = dict(part_ptr=fp32(16, 64), stats_ptr=fp32(32), out_ptr=bf16(4, 64), so_b=1, so_h=64, **shape, S_PAD=1)
-    assert written(kernel(), gemv) == ["y_ptr"]
-    assert written(_split_kernel(), split) == ["part_ptr", "stats_ptr"]
-    assert written(_merge_kernel(), merge) == ["out_ptr"]
+    assert written(kernels.flashrt_pdl_gemv, gemv) == ["y_ptr"]
+    assert written(kernels.flashrt_pdl_attention_split, split) == ["part_ptr", "stats_ptr"]
+    assert written(kernels.flashrt_pdl_attention_merge, merge) == ["out_ptr"]
+
+
+@pytest.mark.parametrize("name", ["flashrt_pdl_gemv", "flashrt_pdl_attention_split", "flashrt_pdl_attention_merge"])
+def test_the_source_aotinductor_compiles_into_a_package_holds_the_kernels_one_wait(name: str) -> None:
+    """AOTInductor compiles a user kernel's source with the module-level
+    @triton.jit functions it calls: each kernel carries step_ready, whose
+    wait is written once (triton_kernels.py)."""
+    from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+
+    source = user_defined_triton_kernel_transitive_closure_source_code(getattr(kernels, name))
+    assert "def step_ready(PDL" in source and f"def {name}(" in source
+    assert source.count("griddepcontrol.wait") == 1 and "step_ready(PDL)" in source
