@@ -18,7 +18,9 @@ at the decode step's shapes:
    add, the norm and gate/up, SiLU, down and the residual add; the lm_head),
    each feeding the next, with and without the kernels' waits and the PDL
    launch (`--pdl-only`: this part alone); both chains must give the same
-   bits.
+   bits. Beside the shipped launch, wider K steps (`--pdl-configs`): the
+   GEMV loads its first step's weights before it waits, so a wider step
+   streams more of them under the previous kernel's tail.
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
@@ -219,12 +221,12 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
 
 
 def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
-               pdl: bool) -> torch.Tensor:  # fmt: skip
+               pdl: bool, config: Config = SHIPPED) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next; the attention's output stands in for q's (its
     kernels are not probed)."""
-    normed = gemv(SHIPPED, NORM, pdl=pdl)
-    added, gated = gemv(SHIPPED, residual=True, pdl=pdl), gemv(SHIPPED, GATED, residual=True, pdl=pdl)
+    normed = gemv(config, NORM, pdl=pdl)
+    added, gated = gemv(config, residual=True, pdl=pdl), gemv(config, GATED, residual=True, pdl=pdl)
     h = x
     for w in weights:
         qkv = normed(w["qkv"], h, norm)
@@ -235,24 +237,34 @@ def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: to
     return normed(head, h, norm)
 
 
-def pdl_chain(layers: int, replays: int) -> tuple[list[list[str]], bool]:
+def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[list[str]], bool]:
     """A decode step's GEMV chain (Llama-3.2-1B's shapes, the gemv_fusion
-    pass's kernels) replayed from a CUDA graph, without and with PDL: table
-    rows (ms a step, ratio) and whether both gave the same bits (run eagerly, launched as in the graph)."""
+    pass's kernels) replayed from a CUDA graph, without and with PDL, at the
+    shipped launch and at `configs` (a larger K step loads more of the
+    weights before the wait): table rows (ms a step, ratio against the
+    shipped plain chain) and whether each launch gave the same bits with
+    PDL as without (run eagerly, launched as in the graph)."""
     sizes = {name: (n, k) for name, n, k, _ in SHAPES}
     make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.bfloat16) / shape[-1] ** 0.5  # noqa: E731
     weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
     head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
 
-    rows, out = [], {}
-    for pdl in (False, True):
-        out[pdl] = gemv_chain(weights, head, x, norm, pdl)  # compiled, and its output kept
-        us = min(replayed_us(lambda _, p=pdl: gemv_chain(weights, head, x, norm, p), [head], replays) for _ in range(3))
-        rows.append(["with PDL" if pdl else "plain launches", f"{us / 1000:.4f}", f"{4 * layers + 1}"])
-        print(rows[-1], flush=True)
-    rows[1].append(f"{float(rows[1][1]) / float(rows[0][1]):.3f}")
-    rows[0].append("1")
-    return rows, torch.equal(out[False], out[True])
+    rows, outputs, base = [], [], 0.0
+    for config in dict.fromkeys([SHIPPED, *configs]):
+        for pdl in (False, True):
+            outputs.append(gemv_chain(weights, head, x, norm, pdl, config))  # compiled, and its output kept
+            chain = lambda _, p=pdl, c=config: gemv_chain(weights, head, x, norm, p, c)  # noqa: E731
+            us = min(replayed_us(chain, [head], replays) for _ in range(3))
+            base = base or us
+            rows.append([str(config), "PDL" if pdl else "plain", f"{us / 1000:.4f}", f"{us / base:.3f}"])
+            print(rows[-1], flush=True)
+    # a K step other than the shipped one sums in another order: the same bits are asked of its PDL pair only
+    return rows, all(torch.equal(outputs[i], outputs[i + 1]) for i in range(0, len(outputs), 2))
+
+
+def config_list(text: str) -> list[Config]:
+    """block_n:block_k:warps launches (one stage, evict-first, as shipped), comma-separated."""
+    return [(*map(int, item.split(":")), 1, True) for item in text.split(",")]  # type: ignore[misc]
 
 
 def main() -> None:
@@ -265,6 +277,12 @@ def main() -> None:
     parser.add_argument("--stages", type=int_list, default=[1, 3])
     parser.add_argument("--pdl-only", action="store_true", help="only the GEMV chain without and with PDL")
     parser.add_argument("--layers", type=int, default=16, help="the chain's layers (Llama-3.2-1B: 16)")
+    parser.add_argument(
+        "--pdl-configs",
+        type=config_list,
+        default=config_list("2:2048:8,2:4096:8,2:8192:8"),
+        help="launches the PDL chain tries beside the shipped one (block_n:block_k:warps)",
+    )
     args = parser.parse_args()
     if args.check:
         check("cpu" if not torch.cuda.is_available() else "cuda")
@@ -272,11 +290,12 @@ def main() -> None:
     check("cuda")
     gpu = torch.cuda.get_device_name()
     tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
-    chain, same = pdl_chain(args.layers, 10 * args.replays)
+    chain, same = pdl_chain(args.layers, 10 * args.replays, args.pdl_configs)
     pdl_body = (
-        f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, the shipped launch "
-        f"{SHIPPED}; both chains gave {'the same bits' if same else 'DIFFERENT OUTPUTS'}\n\n"
-        + table(["GEMV chain", "ms a step", "kernels", "ratio"], chain, "lrrr")
+        f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, "
+        f"{4 * args.layers + 1} GEMVs a step, the shipped launch {SHIPPED} (block_n, block_k, warps, stages, "
+        f"evict_first); PDL gave {'the same bits as plain launches' if same else 'DIFFERENT OUTPUTS'}\n\n"
+        + table(["launch", "GEMV chain", "ms a step", "against the shipped plain chain"], chain, "llrr")
     )
     if args.pdl_only:
         publish(RESULTS / f"gemv_pdl_probe_{tag}.md", "A decode step's GEMV chain with programmatic dependent launch",
