@@ -18,9 +18,11 @@ at the decode step's shapes:
    add, the norm and gate/up, SiLU, down and the residual add; the lm_head),
    each feeding the next, with and without the kernels' waits and the PDL
    launch (`--pdl-only`: this part alone); both chains must give the same
-   bits. Beside the shipped launch, wider K steps (`--pdl-configs`): the
-   GEMV loads its first step's weights before it waits, so a wider step
-   streams more of them under the previous kernel's tail.
+   bits. Both ways a kernel can let the next one launch (after its wait, as
+   shipped, or before it), and beside the shipped launch wider K steps
+   (`--pdl-configs`): the GEMV loads its first step's weights before it
+   waits, so a wider step streams more of them under the previous kernel's
+   tail.
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
@@ -49,6 +51,7 @@ from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E4
 from report import RESULTS, publish, table  # noqa: E402
 
 from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, EVICT, GATED, NONE, NORM, STAGES, WARPS  # noqa: E402
+from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, WAIT_THEN_LAUNCH  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
@@ -86,11 +89,10 @@ Config = tuple[int, int, int, int, bool]
 EPS = 1e-5
 
 
-def gemv(
-    config: Config, prologue: int = NONE, residual: bool = False, pdl: bool = False
-) -> Callable[..., torch.Tensor]:
+def gemv(config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0) -> Callable[..., torch.Tensor]:
     """The package's GEMV kernel (flashrt_build/stages/triton_kernels.py) at `config`, with a prologue and a
-    residual add; `pdl`: with its wait, launched as a programmatic dependent (the pdl pass's launch)."""
+    residual add; `pdl`: with its wait (step_ready's mode), launched as a programmatic dependent (the pdl pass's
+    launch)."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
 
@@ -221,7 +223,7 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
 
 
 def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
-               pdl: bool, config: Config = SHIPPED) -> torch.Tensor:  # fmt: skip
+               pdl: int, config: Config = SHIPPED) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next; the attention's output stands in for q's (its
     kernels are not probed)."""
@@ -249,17 +251,25 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
     head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
 
+    modes = {
+        0: "plain",
+        WAIT_THEN_LAUNCH: "PDL: wait, then launch the next",
+        LAUNCH_THEN_WAIT: "PDL: launch the next, then wait",
+    }
     rows, outputs, base = [], [], 0.0
     for config in dict.fromkeys([SHIPPED, *configs]):
-        for pdl in (False, True):
+        for pdl, name in modes.items():
             outputs.append(gemv_chain(weights, head, x, norm, pdl, config))  # compiled, and its output kept
             chain = lambda _, p=pdl, c=config: gemv_chain(weights, head, x, norm, p, c)  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us
-            rows.append([str(config), "PDL" if pdl else "plain", f"{us / 1000:.4f}", f"{us / base:.3f}"])
+            rows.append([str(config), name, f"{us / 1000:.4f}", f"{us / base:.3f}"])
             print(rows[-1], flush=True)
-    # a K step other than the shipped one sums in another order: the same bits are asked of its PDL pair only
-    return rows, all(torch.equal(outputs[i], outputs[i + 1]) for i in range(0, len(outputs), 2))
+    # a K step other than the shipped one sums in another order: the same bits are asked within a launch only
+    step = len(modes)
+    return rows, all(
+        torch.equal(outputs[i], outputs[j]) for i in range(0, len(outputs), step) for j in range(i, i + step)
+    )
 
 
 def config_list(text: str) -> list[Config]:

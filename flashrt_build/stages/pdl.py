@@ -35,6 +35,10 @@ import torch
 from ..config.spec import BuildSpec
 
 PREFIX = "flashrt_pdl_"  # a kernel whose name starts so waits before it touches another's data
+# How the kernels of a package with the pass wait (triton_kernels.step_ready's PDL): 1 waits, then lets
+# the next kernel launch; 2 lets it launch first (bench/gemv_fusion_probe.py --pdl-only times both)
+WAIT_THEN_LAUNCH, LAUNCH_THEN_WAIT = 1, 2
+MODE = WAIT_THEN_LAUNCH
 
 # AOTInductor's launch in its launcher source (torch/_inductor/codegen/cuda/device_op_overrides.py)
 _LAUNCH = re.compile(
@@ -77,14 +81,15 @@ _LAUNCHER = """
 _launching = False  # inside patched_launcher(): the compile of a package the pass launches
 
 
-def pdl_kernels(x: torch.Tensor) -> bool:
-    """Whether a kernel for `x`'s device, launched now, carries its PDL
-    instructions: only in the compile of a package whose launcher launches
-    it so (a package without the pass runs the kernels it always had), on
-    a Hopper or later GPU (older ones lack them), not in Triton's interpreter."""
+def pdl_kernels(x: torch.Tensor) -> int:
+    """The PDL instructions a kernel for `x`'s device, launched now, carries
+    (its PDL argument; 0: none): only in the compile of a package whose
+    launcher launches it so (a package without the pass runs the kernels it
+    always had), on a Hopper or later GPU (older ones lack them), not in
+    Triton's interpreter."""
     if not _launching or x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return torch.cuda.get_device_capability(x.device)[0] >= 9
+        return 0
+    return MODE if torch.cuda.get_device_capability(x.device)[0] >= 9 else 0
 
 
 def unavailable(spec: BuildSpec) -> str | None:

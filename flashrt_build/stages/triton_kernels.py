@@ -21,11 +21,18 @@ def step_ready(PDL: tl.constexpr):
     by it, so no load or store of it can move above the wait: the wait is
     pure inline asm (torch's mutation analysis gives up on impure asm and
     takes every input for written) whose value is used; x16 keeps the
-    pointers' alignment and vector loads. It also lets the kernel after
-    this one start (launch_dependents): that one waits in turn."""
+    pointers' alignment and vector loads.
+
+    It also lets the kernel after this one launch (launch_dependents; that
+    one waits in turn): PDL=1 once this one's wait is over, PDL=2 before it
+    (the next kernel's programs may then start, and load their weights,
+    while this one still waits: bench/gemv_fusion_probe.py times both)."""
     ready = 0
-    if PDL:
+    if PDL == 1:
         ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
+                                          "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
+    elif PDL == 2:
+        ready = tl.inline_asm_elementwise("griddepcontrol.launch_dependents; griddepcontrol.wait; mov.u32 $0, 0;",
                                           "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
     return ready
 

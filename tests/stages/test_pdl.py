@@ -89,7 +89,7 @@ def ptx(fn: Any, types: dict[str, str], constexprs: dict[str, Any], warps: int =
 
 
 def before_the_wait(lines: list[str]) -> list[str]:
-    waits = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     assert waits, "no griddepcontrol.wait"
     return lines[: waits[0]]
 
@@ -98,13 +98,19 @@ GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_
 GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=1024, EVICT=True)
 
 
-def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wrote() -> None:
-    lines = ptx(kernels.flashrt_pdl_gemv, {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": True})
+@pytest.mark.parametrize("mode", [pdl.WAIT_THEN_LAUNCH, pdl.LAUNCH_THEN_WAIT])
+def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wrote(mode: int) -> None:
+    types = {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}
+    lines = ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": mode})
     early = [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
     assert early and all("ld.global.L1::evict_first" in line for line in early)  # the weight's tile, nothing else
-    assert sum("griddepcontrol.launch_dependents" in line for line in lines) == 1
-    plain = ptx(kernels.flashrt_pdl_gemv, {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}, {**GEMV, "PDL": False})
-    assert not any("griddepcontrol" in line for line in plain)
+    (asm,) = [line for line in lines if "griddepcontrol" in line]  # one instruction each, in one asm statement
+    assert asm.count("griddepcontrol.launch_dependents") == asm.count("griddepcontrol.wait") == 1
+    # the next kernel may launch once this one waited (as shipped), or before (the probe's other mode)
+    waited_first = asm.index("griddepcontrol.wait") < asm.index("griddepcontrol.launch_dependents")
+    assert waited_first == (mode == pdl.WAIT_THEN_LAUNCH)
+    assert not any("griddepcontrol" in line for line in ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": 0}))
+    assert pdl.MODE == pdl.WAIT_THEN_LAUNCH  # what a package compiles in until a GPU has timed the other
 
 
 @pytest.mark.parametrize("which", ["split", "merge"])
@@ -180,4 +186,4 @@ def test_the_source_aotinductor_compiles_into_a_package_holds_the_kernels_one_wa
 
     source = user_defined_triton_kernel_transitive_closure_source_code(getattr(kernels, name))
     assert "def step_ready(PDL" in source and f"def {name}(" in source
-    assert source.count("griddepcontrol.wait") == 1 and "step_ready(PDL)" in source
+    assert source.count("def step_ready(") == 1 and "step_ready(PDL)" in source
