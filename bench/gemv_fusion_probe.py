@@ -272,6 +272,22 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     )
 
 
+def fused_configurations(sizes: dict[str, tuple[int, int, int]], configs: list[Config], replays: int):
+    """Each fusion's one kernel at every configuration: the best against the shipped launch. More rows
+    a program read x (and the prologue's operands) fewer times: each program reads all of them."""
+    rows, mlp = [], sizes["down"][1]
+    for index, (name, shape, *_) in enumerate(fusions(SHIPPED)):
+        n, k, per_step = sizes[shape]
+        weights, i = streamed(n, k), inputs(k, mlp, "cuda")
+        timed = {c: replayed_us(fusions(c)[index][3], weights, replays, i) for c in dict.fromkeys([SHIPPED, *configs])}
+        us, config = min((us, c) for c, us in timed.items())
+        rows.append([name, f"{n}x{k}", f"{timed[SHIPPED]:.2f}", f"{us:.2f}", str(config), f"{us / timed[SHIPPED]:.3f}",
+                     f"{(timed[SHIPPED] - us) * per_step:.1f}"])  # fmt: skip
+        print(rows[-1], flush=True)
+        del weights
+    return rows
+
+
 def config_list(text: str) -> list[Config]:
     """block_n:block_k:warps launches (one stage, evict-first, as shipped), comma-separated."""
     return [(*map(int, item.split(":")), 1, True) for item in text.split(",")]  # type: ignore[misc]
@@ -293,6 +309,7 @@ def main() -> None:
         default=config_list("2:2048:8,2:4096:8,2:8192:8"),
         help="launches the PDL chain tries beside the shipped one (block_n:block_k:warps)",
     )
+    parser.add_argument("--fused-only", action="store_true", help="only the fused kernels' configurations")
     args = parser.parse_args()
     if args.check:
         check("cpu" if not torch.cuda.is_available() else "cuda")
@@ -300,6 +317,17 @@ def main() -> None:
     check("cuda")
     gpu = torch.cuda.get_device_name()
     tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
+    if args.fused_only:
+        configs = list(itertools.product(args.block_n, args.block_k, args.warps, args.stages, [True]))
+        sizes = {name: (n, k, per_step) for name, n, k, per_step in SHAPES}
+        fused = fused_configurations(sizes, configs, args.replays)
+        body = f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {len(configs)} configurations "
+        body += "(block_n, block_k, warps, stages, evict_first)\n\n" + table(
+            ["fusion", "N x K", "shipped us", "best us", "best config", "best / shipped", "us saved a step"], fused,
+            "lrrrlrr")  # fmt: skip
+        publish(RESULTS / f"gemv_fused_configs_{tag}.md", "The fused GEMVs' configurations",
+                "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
+        return
     chain, same = pdl_chain(args.layers, 10 * args.replays, args.pdl_configs)
     pdl_body = (
         f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, "
