@@ -57,7 +57,7 @@ from causal_lm import save_model; save_model(Path(\"/tmp/w2/model\"), \"layers=2
 && TORCH_LOGS=output_code python3 -m flashrt_build +module=causal_lm module.pretrained=/tmp/w2/model module.max_cache_len=1024 \
 module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' passes=llm output_root=/tmp/w2/out 2> $out/decode_code.log") ;;
     fused_configs)  # the fused GEMVs (norm, gate, residual in the kernel) at more rows a program: each program reads all of x
-      cmd=(python3 bench/gemv_fusion_probe.py --fused-only --block-n 2,4,8,16 --block-k 512,1024 --warps 4,8 --stages 1,3) ;;
+      cmd=(python3 bench/gemv_fusion_probe.py --fused-only --block-n 2,4,8,16 --block-k 512,1024 --warps 4,8 --stages 1) ;;
     pdl_probe)  # a decode step's GEMV chain with and without programmatic dependent launch (the pdl pass's)
       cmd=(python3 bench/gemv_fusion_probe.py --pdl-only) ;;
     decode_fusion)  # passes=llm with and without gemv_fusion (the norms, SiLU gates and residual adds in the GEMVs)
