@@ -56,11 +56,9 @@ def exported_after_passes(model_dir: Path, root: Path, *more: str) -> tuple[Any,
 
 def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llama: tuple[Path, Path]) -> None:
     """gemv and decode_attention are CUDA's: `passes=llm` on a CPU fuses and says the rest took nothing
-    (rotary_fusion and pdl too, off in llm until a GPU times them)."""
+    (pdl too, which llm turns on, and rotary_fusion, which it leaves off)."""
     model_dir, root = llama
-    plan = make_plan(
-        compose(llm_overrides(model_dir, root, "passes=llm", "passes.rotary_fusion=true", "passes.pdl=true"))
-    )
+    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.rotary_fusion=true")))
     module = instantiate_stage(plan.spec, plan.digests).value
     stage = passes_stage(module, plan.spec)
     assert stage.sections["passes"]["gemv"] == {"layers": 0}
@@ -153,8 +151,9 @@ def test_a_fused_layer_fed_different_inputs_gives_each_its_own_output() -> None:
 @pytest.mark.slow
 def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Path, Path]) -> None:
     model_dir, root = llama
-    # rotary_fusion and pdl (off in llm) on: a CPU build records that they did nothing (the schema checks the record)
-    overrides = llm_overrides(model_dir, root, "passes=llm", "passes.rotary_fusion=true", "passes.pdl=true")
+    # pdl (on in llm) and rotary_fusion (off in llm) on: a CPU build records that they did nothing (the schema
+    # checks the record)
+    overrides = llm_overrides(model_dir, root, "passes=llm", "passes.rotary_fusion=true")
     result = flashrt_build.build(compose(overrides))
     manifest = result.manifest
     assert manifest["verification"]["passed"] is True
