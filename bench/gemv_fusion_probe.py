@@ -89,20 +89,25 @@ Config = tuple[int, int, int, int, bool]
 EPS = 1e-5
 
 
-def gemv(config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0) -> Callable[..., torch.Tensor]:
+def gemv(
+    config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0, glu: bool = False
+) -> Callable[..., torch.Tensor]:
     """The package's GEMV kernel (flashrt_build/stages/triton_kernels.py) at `config`, with a prologue and a
     residual add; `pdl`: with its wait (step_ready's mode), launched as a programmatic dependent (the pdl pass's
-    launch)."""
+    launch); `glu`: w's rows gate's then up's, SiLU(gate) * up out (half the rows a program, as gemv.py launches it)."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
+    if glu:
+        block_n = max(1, block_n // 2)
 
     def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None):
         n, k = w.shape
+        n = n // 2 if glu else n
         y = torch.empty(n, device=w.device, dtype=w.dtype)
         flashrt_pdl_gemv[(triton.cdiv(n, block_n),)](
             w, x, x if v is None else v, w, y if r is None else r, y, n, k, EPS,
             PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=block_n,
-            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, num_warps=warps,
+            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, GLU=glu, num_warps=warps,
             num_stages=stages, **launch,
         )  # fmt: skip
         return y
@@ -223,29 +228,34 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
 
 
 def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
-               pdl: int, config: Config = SHIPPED) -> torch.Tensor:  # fmt: skip
+               pdl: int, config: Config = SHIPPED, glu: bool = True) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
-    feeding the next; the attention's output stands in for q's (its
-    kernels are not probed)."""
-    normed = gemv(config, NORM, pdl=pdl)
-    added, gated = gemv(config, residual=True, pdl=pdl), gemv(config, GATED, residual=True, pdl=pdl)
+    feeding the next (`glu=False`: as it called them before, SiLU(gate) * up
+    computed by every program of `down`); the attention's output stands in
+    for q's (its kernels are not probed)."""
+    normed, added = gemv(config, NORM, pdl=pdl), gemv(config, residual=True, pdl=pdl)
+    gated, glu_up = gemv(config, GATED, residual=True, pdl=pdl), gemv(config, NORM, pdl=pdl, glu=True)
     h = x
     for w in weights:
         qkv = normed(w["qkv"], h, norm)
         h = added(w["o"], qkv[: h.shape[0]], None, h)
-        gate_up = normed(w["gate_up"], h, norm)
-        half = gate_up.shape[0] // 2
-        h = gated(w["down"], gate_up[:half], gate_up[half:], h)
+        if glu:
+            h = added(w["down"], glu_up(w["gate_up"], h, norm), None, h)
+        else:
+            gate_up = normed(w["gate_up"], h, norm)
+            half = gate_up.shape[0] // 2
+            h = gated(w["down"], gate_up[:half], gate_up[half:], h)
     return normed(head, h, norm)
 
 
 def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[list[str]], bool]:
     """A decode step's GEMV chain (Llama-3.2-1B's shapes, the gemv_fusion
-    pass's kernels) replayed from a CUDA graph, without and with PDL, at the
-    shipped launch and at `configs` (a larger K step loads more of the
-    weights before the wait): table rows (ms a step, ratio against the
-    shipped plain chain) and whether each launch gave the same bits with
-    PDL as without (run eagerly, launched as in the graph)."""
+    pass's kernels) replayed from a CUDA graph, without and with PDL: as
+    the pass calls them, as it did before (SiLU * up in down's prologue),
+    and at `configs` (a larger K step loads more of the weights before the
+    wait). Table rows (ms a step, ratio against the first, plain) and
+    whether each chain gave the same bits with PDL as without (run eagerly,
+    launched as in the graph)."""
     sizes = {name: (n, k) for name, n, k, _ in SHAPES}
     make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.bfloat16) / shape[-1] ** 0.5  # noqa: E731
     weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
@@ -256,16 +266,18 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
         WAIT_THEN_LAUNCH: "PDL: wait, then launch the next",
         LAUNCH_THEN_WAIT: "PDL: launch the next, then wait",
     }
+    chains = {(SHIPPED, True): "", (SHIPPED, False): ", SiLU * up in down (before)"}
+    chains |= {(config, True): "" for config in configs if config != SHIPPED}
     rows, outputs, base = [], [], 0.0
-    for config in dict.fromkeys([SHIPPED, *configs]):
+    for (config, glu), how in chains.items():
         for pdl, name in modes.items():
-            outputs.append(gemv_chain(weights, head, x, norm, pdl, config))  # compiled, and its output kept
-            chain = lambda _, p=pdl, c=config: gemv_chain(weights, head, x, norm, p, c)  # noqa: E731
+            outputs.append(gemv_chain(weights, head, x, norm, pdl, config, glu))  # compiled, and its output kept
+            chain = lambda _, p=pdl, c=config, g=glu: gemv_chain(weights, head, x, norm, p, c, g)  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us
-            rows.append([str(config), name, f"{us / 1000:.4f}", f"{us / base:.3f}"])
+            rows.append([f"{config}{how}", name, f"{us / 1000:.4f}", f"{us / base:.3f}"])
             print(rows[-1], flush=True)
-    # a K step other than the shipped one sums in another order: the same bits are asked within a launch only
+    # another chain or K step sums in another order: the same bits are asked within a chain only
     step = len(modes)
     return rows, all(
         torch.equal(outputs[i], outputs[j]) for i in range(0, len(outputs), step) for j in range(i, i + step)
@@ -289,7 +301,9 @@ def fused_configurations(sizes: dict[str, tuple[int, int, int]], configs: list[C
 
 
 def config_list(text: str) -> list[Config]:
-    """block_n:block_k:warps launches (one stage, evict-first, as shipped), comma-separated."""
+    """block_n:block_k:warps launches (one stage, evict-first, as shipped), comma-separated; "" none."""
+    if not text:
+        return []
     return [(*map(int, item.split(":")), 1, True) for item in text.split(",")]  # type: ignore[misc]
 
 

@@ -44,6 +44,7 @@ NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v,
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     v: torch.Tensor | None = None, residual: torch.Tensor | None = None, eps: float = 0.0, prologue: int = NONE,
+    glu: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     import triton
     from torch.library import wrap_triton
@@ -51,13 +52,14 @@ def _launch(
     from .triton_kernels import flashrt_pdl_gemv
 
     n, k = weight.shape
+    n, block_n = (n // 2, max(1, BLOCK_N // 2)) if glu else (n, BLOCK_N)  # GLU: each program's rows, gate's and up's
     out = x.new_empty((*x.shape[:-1], n))
     x = x.contiguous()
-    wrap_triton(flashrt_pdl_gemv)[(triton.cdiv(n, BLOCK_N),)](
+    wrap_triton(flashrt_pdl_gemv)[(triton.cdiv(n, block_n),)](
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
         out if residual is None else residual.contiguous(), out, n, k, eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVICT=EVICT,
-        PDL=pdl_kernels(x), BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)),
+        PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), GLU=glu,
         num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return out
@@ -79,17 +81,19 @@ def gemv_op() -> Any:
 @functools.cache
 def gemv_fused_op() -> Any:
     """`torch.ops.flashrt.gemv_fused(x, weight, bias, v, residual, eps,
-    prologue)`: the GEMV with its neighbours in one kernel (gemv_fusion.py):
-    `linear(p(x), weight, bias) + residual`, p by `prologue` (NONE, NORM:
-    RMSNorm(x) * v with `eps`, GATED: SiLU(x) * v)."""
+    prologue, glu=False)`: the GEMV with its neighbours in one kernel
+    (gemv_fusion.py): `linear(p(x), weight, bias) + residual`, p by
+    `prologue` (NONE, NORM: RMSNorm(x) * v with `eps`, GATED: SiLU(x) * v);
+    with `glu` the weight's rows are gate's then up's, and the kernel
+    returns SiLU(gate) * up."""
     from torch.library import triton_op
 
     @triton_op("flashrt::gemv_fused", mutates_args=())
     def gemv_fused(
         x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v: torch.Tensor | None,
-        residual: torch.Tensor | None, eps: float, prologue: int,
+        residual: torch.Tensor | None, eps: float, prologue: int, glu: bool = False,
     ) -> torch.Tensor:  # fmt: skip
-        return _launch(x, weight, bias, v, residual, eps, prologue)
+        return _launch(x, weight, bias, v, residual, eps, prologue, glu)
 
     return torch.ops.flashrt.gemv_fused.default
 

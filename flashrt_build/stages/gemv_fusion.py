@@ -11,7 +11,11 @@ family traces them, and calls `flashrt::gemv_fused` in their place:
 - `w * (x32 * rsqrt(mean(x32 ** 2, -1) + eps)).to(dtype)` feeding a GEMV,
   x32 an fp32 x: the GEMV reads x and normalizes it itself (each program
   sums x ** 2 over the K it reads anyway and scales its sums at the end);
-- `silu(g) * u` feeding a GEMV: the GEMV computes it block by block of K;
+- `silu(g) * u` feeding a GEMV, g and u the halves of one GEMV's output (a
+  fused gate/up projection): that GEMV returns silu(g) * u itself (a
+  program sums a gate row and the up row below it), which the next reads
+  as it is; g and u from anywhere else: the GEMV computes it block by
+  block of K (each program over all of K);
 - a GEMV whose one use is `r + y` (same shape and dtype): the GEMV adds r.
 
 Only a pattern matched whole is rewritten; anything else stays as it was.
@@ -21,6 +25,7 @@ The rewritten package is verified against the eager module like any other
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from typing import Any
 
@@ -44,13 +49,16 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
     gemvs = [node for node in graph.nodes if calls_op(node, "flashrt::gemv")]
     for node in gemvs:
         x, weight, bias = node.args
-        v, eps, prologue = None, 0.0, NONE
+        v, eps, prologue, glu = None, 0.0, NONE, None
         if (norm := _rms_norm(_unalias(x))) is not None:
             (x, v, eps), prologue = norm, NORM
+        elif (glu := _glu(program, x)) is not None:
+            x = glu  # SiLU(gate) * up out of the gate/up GEMV itself: this GEMV reads it as it is
         elif (gate := _silu_gate(x)) is not None:
             (x, v), prologue = gate, GATED
         add, residual = _residual_add(node) or (None, None)
         if prologue == NONE and add is None:
+            counts.update(gates=glu is not None)
             continue
         last = add or node  # the residual may be computed after the GEMV: the fused call stands where the add was
         with graph.inserting_before(last):
@@ -61,7 +69,7 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
         for gone in (add, node):
             if gone is not None:
                 graph.erase_node(gone)
-        counts.update(norms=prologue == NORM, gates=prologue == GATED, residuals=add is not None)
+        counts.update(norms=prologue == NORM, gates=prologue == GATED or glu is not None, residuals=add is not None)
     if counts:
         drop_unused(graph)
         program.graph_module.recompile()
@@ -131,6 +139,42 @@ def _silu_gate(x: Any) -> tuple[fx.Node, fx.Node] | None:
         if calls(silu, aten.silu.default) and alike(silu.args[0], up) and alike(up, x):
             return silu.args[0], up
     return None
+
+
+def _glu(program: torch.export.ExportedProgram, x: Any) -> fx.Node | None:
+    """Where `x` is silu(gate) * up and gate and up are the two halves of
+    one GEMV's output (a fused gate/up projection) that nothing else reads:
+    that GEMV rewritten to return silu(gate) * up itself (its kernel sums a
+    gate row and the up row below it), standing for `x`."""
+    halves = _silu_gate(x)
+    if halves is None:
+        return None
+    gate, up = halves
+    if not (calls(gate, operator.getitem) and calls(up, operator.getitem) and gate.args[0] is up.args[0]):
+        return None
+    split, (g, u) = gate.args[0], (gate.args[1], up.args[1])
+    if (g, u) != (0, 1) or not calls(split, aten.split_with_sizes.default, aten.split.Tensor) or len(split.users) != 2:
+        return None
+    both, sizes, dim = split.args[0], split.args[1], split.args[2] if len(split.args) > 2 else 0
+    rows = val(gate).shape[-1]
+    bv = val(both)
+    if bv is None or dim not in (-1, bv.dim() - 1) or bv.shape[-1] != 2 * rows or sizes not in (rows, [rows, rows]):
+        return None
+    if len(gate.users) != 1 or len(up.users) != 1 or len(both.users) != 1:
+        return None
+    if calls_op(both, "flashrt::gemv"):
+        args = (*both.args, None, None, 0.0, NONE)
+    elif calls_op(both, "flashrt::gemv_fused") and both.args[4] is None and not both.args[7:]:
+        args = both.args
+    else:
+        return None
+    graph = program.graph
+    with graph.inserting_before(x):
+        glu = graph.call_function(gemv_fused_op(), (*args[:7], True))
+    glu.meta = {**both.meta, "val": x.meta["val"]}
+    x.replace_all_uses_with(glu)
+    _renamed_output(program, x.name, glu.name)
+    return glu
 
 
 def _residual_add(gemv: fx.Node) -> tuple[fx.Node, fx.Node] | None:

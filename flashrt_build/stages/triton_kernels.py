@@ -41,13 +41,15 @@ def step_ready(PDL: tl.constexpr):
 def flashrt_pdl_gemv(
     w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr = False,
 ):  # fmt: skip
     """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
     program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
     it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
     anyway and scales its sums once at the end), or SiLU(x) * v. EVICT
-    loads the weight evict-first.
+    loads the weight evict-first. GLU: w holds 2N rows, gate's then up's,
+    and y[n] = SiLU(gate[n]) * up[n] (a program sums its gate rows and the
+    up rows N below them).
 
     The first weight tile is loaded before the program waits on the
     kernel before it (PDL: in a package the pdl pass launches as a
@@ -59,6 +61,9 @@ def flashrt_pdl_gemv(
     evict: tl.constexpr = "evict_first" if EVICT else ""
     w_rows, w_in, cols = w_ptr + rows[:, None] * K, rows[:, None] < N, tl.arange(0, BLOCK_K)
     w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
+    if GLU:  # up's rows, N below gate's
+        acc_up, u_rows = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), w_rows + N * K
+        u = tl.load(u_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
     # what the step wrote (x, the residual) and its output only through pointers offset by `ready`: after the wait
     ready = step_ready(PDL)
     x_ptr, r_ptr, y_ptr = x_ptr + ready, r_ptr + ready, y_ptr + ready
@@ -66,6 +71,8 @@ def flashrt_pdl_gemv(
         cols = k + tl.arange(0, BLOCK_K)
         if k > 0:  # the first tile is in
             w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
+            if GLU:
+                u = tl.load(u_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
         x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
         if PROLOGUE == 1:
             squares += x * x
@@ -73,11 +80,21 @@ def flashrt_pdl_gemv(
         elif PROLOGUE == 2:
             x = x * tl.sigmoid(x) * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
+        if GLU:
+            acc_up += u.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     if PROLOGUE == 1:  # eps arrives as fp64 from AOTInductor: the scale stays fp32
-        y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
+        scale = tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
+        y = y * scale
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    if GLU:  # SiLU(gate) * up
+        up = tl.sum(acc_up, axis=1)
+        if PROLOGUE == 1:
+            up = up * scale
+        if HAS_BIAS:
+            up += tl.load(b_ptr + N + rows, mask=rows < N, other=0.0).to(tl.float32)
+        y = y * tl.sigmoid(y) * up
     if HAS_RESIDUAL:
         y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)

@@ -26,8 +26,9 @@ from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
 from flashrt_build.stages.domain import preserved_buffers
 from flashrt_build.stages.export import calling, export_stage
-from flashrt_build.stages.gemv import gemv_forward, gemv_op
+from flashrt_build.stages.gemv import GATED, gemv_forward, gemv_op
 from flashrt_build.stages.gemv_fusion import fuse_gemv_neighbours
+from flashrt_build.stages.graph_match import calls_op
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_stage
 from flashrt_build.stages.passes import passes_stage
@@ -45,7 +46,7 @@ def in_fresh_process(script: str, device: str = "cpu") -> None:
 
 def computes_as_torch(device: str) -> None:
     """Each prologue (none, RMSNorm * v, SiLU(x) * v) with and without a
-    bias and a residual, K past one block and short of one, an odd N, bf16
+    bias and a residual, and SiLU(gate) * up out of one weight (glu), K past one block and short of one, an odd N, bf16
     and fp32: within an output rounding of float64 torch (fp32: of its sums)."""
     in_fresh_process(
         textwrap.dedent(
@@ -71,6 +72,21 @@ def computes_as_torch(device: str) -> None:
                     ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -16
                     err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
                     assert err <= ulp, (n, k, dtype, prologue, bias, residual, err)
+                # glu: gate's rows then up's in one weight, SiLU(gate) * up out (a norm before it, a bias, a residual)
+                w2, b2 = torch.randn(2 * n, k, dtype=dtype), torch.randn(2 * n, dtype=dtype)
+                for prologue, bias, residual in [(NORM, False, False), (NONE, True, True)]:
+                    b = b2 if bias else None
+                    r = torch.randn(1, 1, n, dtype=dtype) if residual else None
+                    y = gemv_fused_op()(x, w2, b, v if prologue else None, r, 1e-5, prologue, True)
+                    x64 = x.double()
+                    p = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * v.double() if prologue else x64
+                    both = torch.nn.functional.linear(p, w2.double(), None if b is None else b.double())
+                    gate, up = both.split(n, -1)
+                    exact = silu(gate) * up + (0 if r is None else r.double())
+                    assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
+                    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -15
+                    err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
+                    assert err <= ulp, ("glu", n, k, dtype, prologue, bias, residual, err)
             print("ok")
             """
         ),
@@ -129,6 +145,10 @@ def test_the_decode_graph_takes_its_norms_gates_and_residual_adds_into_the_gemvs
     assert called.count("flashrt.gemv_fused.default") == (9 if fused["norms"] else 4)
     if fused["norms"]:  # nothing left of the norms or the gate outside the GEMVs
         assert not {"aten.rsqrt.default", "aten.silu.default"} & set(called)
+    fused_calls = [n.args for n in program.graph.nodes if calls_op(n, "flashrt::gemv_fused")]
+    # the fused gate/up GEMV returns SiLU(gate) * up itself: down reads it as it is, no program recomputes it
+    assert sum(bool(args[7:] and args[7]) for args in fused_calls) == fused["gates"]
+    assert not [args for args in fused_calls if args[6] == GATED]
     example = make_inputs(plan.spec, method=plan.spec.methods[0])
     with torch.no_grad(), preserved_buffers(module), calling(module, plan.spec.methods[0]):
         expected = module(*example.args, **example.kwargs)
