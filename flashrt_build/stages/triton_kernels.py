@@ -41,7 +41,7 @@ def step_ready(PDL: tl.constexpr):
 def flashrt_pdl_gemv(
     w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr,
 ):  # fmt: skip
     """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
     program, K in BLOCK_K steps, summed in fp32. The prologue p: x as

@@ -95,15 +95,19 @@ def before_the_wait(lines: list[str]) -> list[str]:
 
 
 GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")}
-GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=1024, EVICT=True)
+GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=1024, EVICT=True, GLU=False)
 
 
-@pytest.mark.parametrize("mode", [pdl.WAIT_THEN_LAUNCH, pdl.LAUNCH_THEN_WAIT])
-def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wrote(mode: int) -> None:
+@pytest.mark.parametrize(("mode", "glu"), [(pdl.WAIT_THEN_LAUNCH, False), (pdl.LAUNCH_THEN_WAIT, False),
+                                           (pdl.WAIT_THEN_LAUNCH, True)])  # fmt: skip
+def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wrote(mode: int, glu: bool) -> None:
     types = {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32"}
-    lines = ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": mode})
+    lines = ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": mode, "GLU": glu})
     early = [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
     assert early and all("ld.global.L1::evict_first" in line for line in early)  # the weight's tile, nothing else
+    if glu:  # gate's tile and up's, two row streams a program
+        plain = ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": mode, "GLU": False})
+        assert len(early) == 2 * len([line for line in before_the_wait(plain) if "ld.global" in line])
     (asm,) = [line for line in lines if "griddepcontrol" in line]  # one instruction each, in one asm statement
     assert asm.count("griddepcontrol.launch_dependents") == asm.count("griddepcontrol.wait") == 1
     # the next kernel may launch once this one waited (as shipped), or before (the probe's other mode)
@@ -173,6 +177,7 @@ def test_torchs_mutation_analysis_reads_what_each_waiting_kernel_writes() -> Non
                  **strides, **shape, CHUNK=64, BLOCK_L=64, HAS_MASK=True, ROTARY=True)  # fmt: skip
     merge = dict(part_ptr=fp32(16, 64), stats_ptr=fp32(32), out_ptr=bf16(4, 64), so_b=1, so_h=64, **shape, S_PAD=1)
     assert written(kernels.flashrt_pdl_gemv, gemv) == ["y_ptr"]
+    assert written(kernels.flashrt_pdl_gemv, {**gemv, "w_ptr": bf16(16, 16), "GLU": True}) == ["y_ptr"]
     assert written(kernels.flashrt_pdl_attention_split, split) == ["part_ptr", "stats_ptr"]
     assert written(kernels.flashrt_pdl_attention_merge, merge) == ["out_ptr"]
 
