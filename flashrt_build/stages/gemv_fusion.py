@@ -152,13 +152,17 @@ def _glu(program: torch.export.ExportedProgram, x: Any) -> fx.Node | None:
     gate, up = halves
     if not (calls(gate, operator.getitem) and calls(up, operator.getitem) and gate.args[0] is up.args[0]):
         return None
-    split, (g, u) = gate.args[0], (gate.args[1], up.args[1])
+    split: Any = gate.args[0]  # a graph node, checked below
+    g, u = gate.args[1], up.args[1]
     if (g, u) != (0, 1) or not calls(split, aten.split_with_sizes.default, aten.split.Tensor) or len(split.users) != 2:
         return None
-    both, sizes, dim = split.args[0], split.args[1], split.args[2] if len(split.args) > 2 else 0
-    rows = val(gate).shape[-1]
-    bv = val(both)
-    if bv is None or dim not in (-1, bv.dim() - 1) or bv.shape[-1] != 2 * rows or sizes not in (rows, [rows, rows]):
+    both: Any = split.args[0]
+    sizes, dim = split.args[1], split.args[2] if len(split.args) > 2 else 0
+    gv, bv = val(gate), val(both)
+    if gv is None or bv is None or dim not in (-1, bv.dim() - 1):
+        return None
+    rows = gv.shape[-1]
+    if bv.shape[-1] != 2 * rows or sizes not in (rows, [rows, rows]):
         return None
     if len(gate.users) != 1 or len(up.users) != 1 or len(both.users) != 1:
         return None
