@@ -49,16 +49,17 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
     gemvs = [node for node in graph.nodes if calls_op(node, "flashrt::gemv")]
     for node in gemvs:
         x, weight, bias = node.args
-        v, eps, prologue, glu = None, 0.0, NONE, None
+        v, eps, prologue = None, 0.0, NONE
         if (norm := _rms_norm(_unalias(x))) is not None:
             (x, v, eps), prologue = norm, NORM
-        elif (glu := _glu(program, x)) is not None:
-            x = glu  # SiLU(gate) * up out of the gate/up GEMV itself: this GEMV reads it as it is
         elif (gate := _silu_gate(x)) is not None:
-            (x, v), prologue = gate, GATED
+            counts.update(gates=1)
+            if (glu := _glu(program, x, *gate)) is not None:
+                x = glu  # SiLU(gate) * up out of the gate/up GEMV itself: this GEMV reads it as it is
+            else:
+                (x, v), prologue = gate, GATED
         add, residual = _residual_add(node) or (None, None)
         if prologue == NONE and add is None:
-            counts.update(gates=glu is not None)
             continue
         last = add or node  # the residual may be computed after the GEMV: the fused call stands where the add was
         with graph.inserting_before(last):
@@ -69,7 +70,7 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
         for gone in (add, node):
             if gone is not None:
                 graph.erase_node(gone)
-        counts.update(norms=prologue == NORM, gates=prologue == GATED or glu is not None, residuals=add is not None)
+        counts.update(norms=prologue == NORM, residuals=add is not None)
     if counts:
         drop_unused(graph)
         program.graph_module.recompile()
@@ -141,15 +142,11 @@ def _silu_gate(x: Any) -> tuple[fx.Node, fx.Node] | None:
     return None
 
 
-def _glu(program: torch.export.ExportedProgram, x: Any) -> fx.Node | None:
-    """Where `x` is silu(gate) * up and gate and up are the two halves of
-    one GEMV's output (a fused gate/up projection) that nothing else reads:
-    that GEMV rewritten to return silu(gate) * up itself (its kernel sums a
-    gate row and the up row below it), standing for `x`."""
-    halves = _silu_gate(x)
-    if halves is None:
-        return None
-    gate, up = halves
+def _glu(program: torch.export.ExportedProgram, x: fx.Node, gate: fx.Node, up: fx.Node) -> fx.Node | None:
+    """Where `x` is silu(gate) * up (`_silu_gate`) and gate and up are the
+    two halves of one GEMV's output (a fused gate/up projection) that
+    nothing else reads: that GEMV rewritten to return silu(gate) * up itself
+    (its kernel sums a gate row and the up row below it), standing for `x`."""
     if not (calls(gate, operator.getitem) and calls(up, operator.getitem) and gate.args[0] is up.args[0]):
         return None
     split: Any = gate.args[0]  # a graph node, checked below
