@@ -28,12 +28,11 @@ def step_ready(PDL: tl.constexpr):
     (the next kernel's programs may then start, and load their weights,
     while this one still waits: bench/gemv_fusion_probe.py times both)."""
     ready = 0
-    if PDL == 1:
-        ready = tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
-                                          "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
-    elif PDL == 2:
-        ready = tl.inline_asm_elementwise("griddepcontrol.launch_dependents; griddepcontrol.wait; mov.u32 $0, 0;",
-                                          "=r", [], dtype=tl.int32, is_pure=True, pack=1) * 16  # fmt: skip
+    if PDL:
+        order: tl.constexpr = ("griddepcontrol.wait; griddepcontrol.launch_dependents;" if PDL == 1 else
+                               "griddepcontrol.launch_dependents; griddepcontrol.wait;")  # fmt: skip
+        ready = tl.inline_asm_elementwise(order + " mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=True,
+                                          pack=1) * 16  # fmt: skip
     return ready
 
 
