@@ -63,16 +63,16 @@ module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' pas
     decode_fusion)  # passes=llm with and without gemv_fusion (the norms, SiLU gates and residual adds in the GEMVs)
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_fusion:passes=llm passes.gemv_fusion=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_fusion_$tag) ;;
-    decode_pdl)  # passes=llm with pdl (its kernels launched as programmatic dependents; off in llm) against it
-      cmd=("${bench[@]}" --only decode --passes llm --variant "pdl:passes=llm passes.pdl=true"
+    decode_pdl)  # passes=llm against it without pdl (its kernels launched as programmatic dependents)
+      cmd=("${bench[@]}" --only decode --passes llm --variant "no_pdl:passes=llm passes.pdl=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_pdl_$tag) ;;
     decode_rotary)  # passes=llm with rotary_fusion (q's rotary in the attention kernel; off in llm) against it
       cmd=("${bench[@]}" --only decode --passes llm --variant "rotary:passes=llm passes.rotary_fusion=true"
            --no-baseline --jobs 2 --out-name causal_lm_decode_rotary_$tag) ;;
-    decode_levers)  # passes=llm against it with rotary_fusion, with pdl, with both (the two off in llm until timed)
-      cmd=("${bench[@]}" --only decode --passes llm --variant "rotary:passes=llm passes.rotary_fusion=true"
-           --variant "pdl:passes=llm passes.pdl=true"
-           --variant "both:passes=llm passes.rotary_fusion=true passes.pdl=true"
+    decode_levers)  # passes=llm against it without pdl, with rotary_fusion, and both of those
+      cmd=("${bench[@]}" --only decode --passes llm --variant "no_pdl:passes=llm passes.pdl=false"
+           --variant "rotary:passes=llm passes.rotary_fusion=true"
+           --variant "rotary_no_pdl:passes=llm passes.rotary_fusion=true passes.pdl=false"
            --no-baseline --jobs 4 --out-name causal_lm_decode_levers_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"

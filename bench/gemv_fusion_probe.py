@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
-from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, EVICT, GATED, NONE, NORM, STAGES, WARPS  # noqa: E402
+from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, EVICT, GATED, NONE, NORM, STAGES, WARPS, launch_rows  # noqa: E402
 from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, WAIT_THEN_LAUNCH  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
@@ -97,16 +97,13 @@ def gemv(
     launch); `glu`: w's rows gate's then up's, SiLU(gate) * up out (half the rows a program, as gemv.py launches it)."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
-    if glu:
-        block_n = max(1, block_n // 2)
 
     def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None):
-        n, k = w.shape
-        n = n // 2 if glu else n
+        (n, program_rows), k = launch_rows(w.shape[0], block_n, glu), w.shape[1]
         y = torch.empty(n, device=w.device, dtype=w.dtype)
-        flashrt_pdl_gemv[(triton.cdiv(n, block_n),)](
+        flashrt_pdl_gemv[(triton.cdiv(n, program_rows),)](
             w, x, x if v is None else v, w, y if r is None else r, y, n, k, EPS,
-            PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=block_n,
+            PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=program_rows,
             BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, GLU=glu, num_warps=warps,
             num_stages=stages, **launch,
         )  # fmt: skip

@@ -41,6 +41,12 @@ FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v, SiLU(x) * v (gemv_fusion.py)
 
 
+def launch_rows(n: int, block_n: int, glu: bool) -> tuple[int, int]:
+    """(output rows, rows a program) of a weight of `n` rows at `block_n`:
+    with `glu` half of each, a program's rows being gate's and up's."""
+    return (n // 2, max(1, block_n // 2)) if glu else (n, block_n)
+
+
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     v: torch.Tensor | None = None, residual: torch.Tensor | None = None, eps: float = 0.0, prologue: int = NONE,
@@ -52,7 +58,7 @@ def _launch(
     from .triton_kernels import flashrt_pdl_gemv
 
     n, k = weight.shape
-    n, block_n = (n // 2, max(1, BLOCK_N // 2)) if glu else (n, BLOCK_N)  # GLU: each program's rows, gate's and up's
+    n, block_n = launch_rows(n, BLOCK_N, glu)
     out = x.new_empty((*x.shape[:-1], n))
     x = x.contiguous()
     wrap_triton(flashrt_pdl_gemv)[(triton.cdiv(n, block_n),)](
