@@ -10,7 +10,8 @@ at the decode step's shapes:
 2. Its neighbours fused in, as the `gemv_fusion` pass fuses them: the
    RMSNorm before a projection (each program sums x*x over the K it reads
    anyway and scales its sums at the end: `y = rsqrt(mean(x^2) + eps) * W (x * g)`,
-   no extra pass), SiLU(gate) * up before `down`, the residual add after `o`
+   no extra pass), SiLU(gate) * up before `down` or out of gate/up itself
+   (GLU: the kernel as shipped), the residual add after `o`
    and `down`; each against the two kernels a package without the pass runs
    (a pointwise kernel, then the GEMV).
 3. Programmatic dependent launch, as the `pdl` pass launches it: a decode
@@ -143,12 +144,20 @@ def rms_norm(h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def fusions(config: Config) -> list[tuple[str, str, Callable, Callable, Callable]]:
     plain, norm, gated = gemv(config), gemv(config, NORM), gemv(config, GATED)
     residual, gated_residual = gemv(config, residual=True), gemv(config, GATED, residual=True)
+    glu = gemv(config, NORM, glu=True)
     silu = torch.nn.functional.silu
+
+    def glu_reference(w: torch.Tensor, i: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        gate, up = (w.float() @ rms_norm(i[5], i[2]).float()).chunk(2)
+        return silu(gate) * up
+
     return [
         ("add + RMSNorm, then q/k/v", "qkv", lambda w, i: plain(w, add_norm(i[0], i[1], i[2])[1]),
          lambda w, i: norm(w, i[5], i[2]), lambda w, i: w.float() @ rms_norm(i[5], i[2]).float()),
         ("add + RMSNorm, then gate/up", "gate_up", lambda w, i: plain(w, add_norm(i[0], i[1], i[2])[1]),
          lambda w, i: norm(w, i[5], i[2]), lambda w, i: w.float() @ rms_norm(i[5], i[2]).float()),
+        ("RMSNorm, gate/up, SiLU(gate) * up (GLU)", "gate_up", lambda w, i: silu_mul(*norm(w, i[5], i[2]).chunk(2)),
+         lambda w, i: glu(w, i[5], i[2]), glu_reference),
         ("o, then the residual add", "o", lambda w, i: add(plain(w, i[0]), i[1][: w.shape[0]]),
          lambda w, i: residual(w, i[0], None, i[1][: w.shape[0]]),
          lambda w, i: w.float() @ i[0].float() + i[1][: w.shape[0]].float()),
