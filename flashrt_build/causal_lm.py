@@ -6,10 +6,13 @@
 
 what `flashrt_build.generate` calls. The cache is transformers' own
 `StaticCache`; export functionalises in-place writes only into registered
-buffers, so every tensor its layers hold (keys, values, the 0-d length) is
-re-homed as a buffer of this module and the layers are pointed back at the
-buffers at the start of each call: the package's state, written in place,
-what prefill writes decode reads. The module's parameters keep the model's
+buffers, so every tensor its layers hold (keys, values) is re-homed as a
+buffer of this module and the layers are pointed back at the buffers at the
+start of each call: the package's state, written in place, what prefill
+writes decode reads. The 0-d count of cached tokens is not state: each call
+sets it before anything reads it, so it is the call's own tensor (as a
+buffer, every layer's `add_` to it was a write the package had to make: a
+kernel a layer in a decode step). The module's parameters keep the model's
 own names (its children are the model's), so a package binds a directory of
 the same model's weights at load (`load(out, weights=DIR)`).
 """
@@ -22,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+COUNT = "cumulative_length"  # a cache layer's count of cached tokens
 
 
 class CausalLM(nn.Module):
@@ -68,7 +73,7 @@ class CausalLM(nn.Module):
         """The logits of every prompt position; the cache starts over at position 0."""
         self._bind_cache()
         for layer in self._cache.layers:
-            layer.cumulative_length.zero_()
+            layer.cumulative_length = torch.zeros((), dtype=torch.long, device=input_ids.device)
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).unsqueeze(0).expand(batch, length)
         return self._run(input_ids, positions)
@@ -78,8 +83,8 @@ class CausalLM(nn.Module):
         tokens cached before it; every sequence of a batch shares it)."""
         self._bind_cache()
         at = position[:1].reshape(())
-        for layer in self._cache.layers:
-            layer.cumulative_length.copy_(at)
+        for layer in self._cache.layers:  # each layer adds to its own
+            layer.cumulative_length = at.to(dtype=torch.long, copy=True)
         return self._run(input_ids, at.reshape(1, 1).expand(input_ids.shape[0], 1))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -148,6 +153,8 @@ def _rehome(owner: nn.Module, obj: Any, prefix: str, bindings: list[tuple[Any, s
     if isinstance(obj, nn.Module) or not hasattr(obj, "__dict__"):
         return
     for attribute, value in list(vars(obj).items()):
+        if attribute == COUNT:  # set by each call (CausalLM.prefill, decode)
+            continue
         if isinstance(value, torch.Tensor):
             name = next((n for n, b in owner.named_buffers(recurse=False) if b is value), None)
             if name is None:

@@ -50,6 +50,8 @@ def test_a_family_builds_verifies_and_generates_transformers_tokens(
     assert set(manifest["methods"]) == {"prefill", "decode"}
     state = {t["fqn"] for t in manifest["state"]["tensors"]}
     assert manifest["state"]["mode"] == "in_place" and {"kv_0_keys", "kv_0_values", "kv_1_keys"} <= state
+    # the cache's count of tokens is each call's own, not state: as a buffer every layer's `add_` was a write
+    assert all(fqn.endswith(("_keys", "_values")) for fqn in state), state
     assert manifest["methods"]["decode"]["state"] == manifest["methods"]["prefill"]["state"]  # one cache, shared
     model = flashrt_build.load(result.output_dir)
     ours = flashrt_build.generate(model, PROMPT, 9).tokens
