@@ -84,9 +84,10 @@ def finish_manifest(draft: Manifest, verification: Mapping[str, Any] | None, tim
 
 
 def _passes(sections: Mapping[str, Any]) -> dict[str, Any]:
-    """The passes stage's record, with what the export stage's rewrites (gemv_fusion, rotary_fusion) did:
-    their one record."""
-    return {**sections["passes"], **sections.get("rewrites", {})}
+    """The passes stage's record, with what the export stage's rewrites (gemv_fusion, rotary_fusion,
+    decode_attention's shared masks) did: their one record, a pass's two parts in one."""
+    passes, rewrites = sections["passes"], sections.get("rewrites", {})
+    return {**passes, **{name: {**passes.get(name, {}), **did} for name, did in rewrites.items()}}
 
 
 def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:

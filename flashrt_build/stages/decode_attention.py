@@ -16,6 +16,10 @@ Like the `gemv` pass it applies only while exporting (the eager reference
 that verifies the package keeps SDPA), only on CUDA, only to a query of one
 concrete token in bf16 or fp16 with a boolean mask (or none); every other
 call (prefill, dropout, sinks, a float mask) keeps the attention it had.
+
+After export `share_masks` gives every call whose mask is the same view of
+one tensor as an earlier call's (each layer slices the model's one mask)
+that call's mask, which Inductor then computes once instead of once a layer.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import functools
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from .attention import NAME as GROUPED
 from .attention import grouped_sdpa, model_configs, register_attention
 from .exporting import is_exporting
+from .graph_match import calls, calls_op, drop_unused
 from .pdl import pdl_kernels
+
+aten = torch.ops.aten
 
 NAME = "flashrt_decode_sdpa"  # falls back to transformers' SDPA
 GROUPED_NAME = "flashrt_decode_grouped_sdpa"  # falls back to the grouped_attention pass's
@@ -90,6 +97,48 @@ def decode_attention_op() -> Any:
         return out
 
     return torch.ops.flashrt.decode_attention.default
+
+
+# Ops whose result is a view of their input: the same chain of them over the same node is the same tensor
+# wherever it stands in the graph (an in-place write between two such chains shows through both alike).
+VIEWS = (aten.select.int, aten.slice.Tensor, aten.expand.default, aten.view.default, aten.unsqueeze.default,
+         aten.alias.default)  # fmt: skip
+
+
+def share_masks(program: torch.export.ExportedProgram) -> int:
+    """Point each decode_attention call whose mask is the same view of the
+    same tensor as an earlier call's at that call's mask; how many were.
+
+    Every layer takes the model's one mask (`mask[:, 0, 0, :length]`), and
+    Inductor computes a view an operator takes once for each taker: a kernel
+    a layer writing the same bits (`position <= step`) before its attention."""
+    graph = program.graph
+    masks: list[fx.Node] = []
+    shared = 0
+    for node in graph.nodes:
+        if not calls_op(node, "flashrt::decode_attention") or not isinstance(mask := node.args[3], fx.Node):
+            continue
+        same = next((m for m in masks if _same_view(m, mask)), None)
+        if same is None:
+            masks.append(mask)
+        elif same is not mask:
+            node.args = (*node.args[:3], same, *node.args[4:])
+            shared += 1
+    if shared:
+        drop_unused(graph)
+        program.graph_module.recompile()
+    return shared
+
+
+def _same_view(a: Any, b: Any) -> bool:
+    """`a` and `b` are one node, or the same chain of VIEWS over one node."""
+    if a is b:
+        return True
+    if not (calls(a, *VIEWS) and calls(b, *VIEWS)) or a.target != b.target or a.kwargs != b.kwargs:
+        return False
+    if len(a.args) != len(b.args):
+        return False
+    return all(_same_view(x, y) if isinstance(x, fx.Node) else x == y for x, y in zip(a.args, b.args, strict=True))
 
 
 def one_token_mask(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None | bool:

@@ -31,6 +31,7 @@ from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
 from .custom_ops import resolve_custom_ops, triton_calls
+from .decode_attention import share_masks
 from .exporting import exporting
 from .exporting import is_exporting as is_exporting  # where it was first: flashrt_build.stages.export.is_exporting
 from .gemv_fusion import FUSED, fuse_gemv_neighbours
@@ -157,6 +158,7 @@ def export_stage(
     padded = 0
     fused: dict[str, dict[str, int]] = {}  # the gemv_fusion pass's rewrites, by method
     rotated: dict[str, dict[str, int]] = {}  # the rotary_fusion pass's
+    shared: dict[str, dict[str, int]] = {}  # the decode_attention pass's
     for method in spec.methods:
         example = make_inputs(spec, method=method)
         with swapped_weights(module, (method_weights or {}).get(method.name, {})):
@@ -170,6 +172,8 @@ def export_stage(
             fused[method.name] = {what: counts[what] for what in FUSED}
         if spec.rotary_fusion and (queries := fuse_rotary(one.program)):
             rotated[method.name] = {"queries": queries}
+        if spec.decode_attention and (masks := share_masks(one.program)):
+            shared[method.name] = {"masks_shared": masks}
         decomposed += [op for op in python if op not in decomposed]
         for path, ops in compiled.items():
             libraries.setdefault(path, []).extend(op for op in ops if op not in libraries.get(path, []))
@@ -188,8 +192,11 @@ def export_stage(
         note += f"; {name}: fused into GEMVs " + ", ".join(f"{count} {what}" for what, count in took.items())
     for name, took in rotated.items():
         note += f"; {name}: {took['queries']} queries rotated in the attention kernel"
+    for name, took in shared.items():
+        note += f"; {name}: {took['masks_shared']} attention calls take an earlier call's mask"
     rewrites = {"gemv_fusion": {"methods": fused}} if spec.gemv_fusion else {}  # the manifest's passes.*: theirs
     rewrites |= {"rotary_fusion": {"methods": rotated}} if spec.rotary_fusion else {}
+    rewrites |= {"decode_attention": {"methods": shared}} if spec.decode_attention else {}
     sections = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()], "rewrites": rewrites}
     return Stage(exported, note, {k: v for k, v in sections.items() if v})
 

@@ -11,9 +11,9 @@ attention kernel loads q anyway: this pass finds, in the exported program,
 
 (transformers' `apply_rotary_pos_emb`, `rotate_half`) as the query of a
 decode_attention call and gives the call q, cos and sin instead: the kernel
-rotates q as it loads it, in fp32 (eager rounds the rotated q to its
-dtype). k's rotary stays where it is: it feeds the cache write, with which
-Inductor fuses it. One kernel fewer a layer.
+rotates q as it loads it, in fp32 (eager rounds the rotated q to its dtype).
+k's rotary stays where it is: it feeds the cache write, with which
+Inductor fuses it.
 
 Only the whole pattern on the call's own query is rewritten; anything
 else stays as it was, and the package is verified against eager as always.

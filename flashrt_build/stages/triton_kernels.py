@@ -126,6 +126,8 @@ def flashrt_pdl_attention_split(
         cos = tl.load(cos_ptr + b * sc_b + d, mask=d < D, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + b * ss_b + d, mask=d < D, other=0.0).to(tl.float32)
         q = q * cos[None, :] + tl.where(first[None, :], -q_half, q_half) * sin[None, :]
+    # TF32 is exact for a bf16 or fp16 q, not for a rotated one (fp32): that dot takes three TF32 products
+    precision: tl.constexpr = "tf32x3" if ROTARY else "tf32"
     m_i, l_i = tl.full((G_PAD,), float("-inf"), tl.float32), tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), tl.float32)
     for start in range(split * CHUNK, split * CHUNK + CHUNK, BLOCK_L):
@@ -138,7 +140,7 @@ def flashrt_pdl_attention_split(
             k = tl.load(k_ptr + b * sk_b + kv * sk_h + pos[:, None] * sk_l + d[None, :], mask=rows, other=0.0)
             v = tl.load(v_ptr + b * sv_b + kv * sv_h + pos[:, None] * sv_l + d[None, :], mask=rows, other=0.0)
             # fp32 whatever type the scale comes as (AOTInductor passes a Python float as fp64)
-            s = (tl.dot(q, tl.trans(k.to(tl.float32))) * scale).to(tl.float32)
+            s = (tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=precision) * scale).to(tl.float32)
             s = tl.where(seen[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)

@@ -142,7 +142,8 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     assert passes.manifest["passes"]["gemv"] == {"layers": 2 * 4 + 1}
     fused = {"norms": 2 * 2 + 1, "gates": 2, "residuals": 2 * 2}  # the llama family's 2 layers and its final norm
     assert passes.manifest["passes"]["gemv_fusion"] == {"methods": {"decode": fused}}
-    assert passes.manifest["passes"]["decode_attention"] == {"models": 1}
+    # the second layer's attention takes the first's mask: one kernel computes it, not one a layer
+    assert passes.manifest["passes"]["decode_attention"] == {"models": 1, "methods": {"decode": {"masks_shared": 1}}}
     assert passes.manifest["passes"]["rotary_fusion"] == {"methods": {"decode": {"queries": 2}}}
     assert passes.manifest["passes"]["combo_kernels"] == {"methods": ["decode"]}
     assert passes.manifest["methods"]["decode"]["inductor_options"]["combo_kernels"] is True

@@ -17,7 +17,14 @@ import torch
 from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F401  (llama: the fixture)
 
 from flashrt_build.stages.custom_ops import triton_calls
-from flashrt_build.stages.decode_attention import BLOCK_L, PROGRAMS, one_token_mask, split_of
+from flashrt_build.stages.decode_attention import (
+    BLOCK_L,
+    PROGRAMS,
+    decode_attention_op,
+    one_token_mask,
+    share_masks,
+    split_of,
+)
 
 
 def attends_as_sdpa(device: str) -> None:
@@ -29,7 +36,9 @@ def attends_as_sdpa(device: str) -> None:
     rotated by the kernel (rotary tables of a row per sequence, or one for
     the batch): within a bf16/fp16 output rounding of float64 SDPA over the
     cache repeated per head (an output rounding: the sums are fp32), the
-    query rotated in float64 (the kernel keeps it in fp32)."""
+    query rotated in float64 (the kernel keeps it in fp32: on a GPU its
+    scores then take TF32 three times, one TF32 product being exact only
+    for a bf16 or fp16 query)."""
     script = textwrap.dedent(
         f"""
         import torch
@@ -117,3 +126,31 @@ def test_a_cuda_decode_graph_calls_the_kernel_once_a_layer_and_prefill_never(
     _, exported = exported_after_passes(model_dir, root, "target=cuda", "passes.decode_attention=true", *more)
     calls = {e.method.name: triton_calls(e.program).get("flashrt::decode_attention", 0) for e in exported}
     assert calls == {"prefill": 0, "decode": 2}
+
+
+class Masks(torch.nn.Module):
+    """Attention calls whose masks are, and are not, one view of one tensor:
+    the same slice twice, another slice, the same computed (not viewed) mask twice."""
+
+    def forward(self, q: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        k = torch.ones(1, 2, 8, 16, dtype=q.dtype)
+
+        def attend(m: torch.Tensor) -> torch.Tensor:
+            return decode_attention_op()(q, k, k, m, 0.25)
+
+        first, again = attend(mask[:, 0, 0, :8]), attend(mask[:, 0, 0, :8])  # the second takes the first's
+        shifted = attend(mask[:, 0, 0, 1:9])  # another view: its own
+        inverted = [attend((~mask)[:, 0, 0, :8]) for _ in range(2)]  # computed each time: left as they are
+        return first, again, shifted, *inverted
+
+
+def test_attention_calls_share_a_mask_only_where_it_is_the_same_view_of_one_tensor() -> None:
+    q, mask = torch.randn(1, 4, 1, 16, dtype=torch.bfloat16), torch.ones(1, 1, 1, 10, dtype=torch.bool)
+    program = torch.export.export(Masks(), (q, mask))
+    assert share_masks(program) == 1
+    calls = [n for n in program.graph.nodes if str(n.target) == "flashrt.decode_attention.default"]
+    masks = [n.args[3] for n in calls]
+    assert masks[1] is masks[0] and len({id(m) for m in masks}) == 4
+    slices = [n for n in program.graph.nodes if str(n.target) == "aten.slice.Tensor"]
+    assert len(slices) == 4  # the second call's own slice of the mask, unused now, is gone
+    assert share_masks(program) == 0  # nothing left to share

@@ -158,6 +158,7 @@ def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Pa
     manifest = result.manifest
     assert manifest["verification"]["passed"] is True
     assert manifest["passes"]["rotary_fusion"] == {"methods": {}} and manifest["passes"]["pdl"] == {"launched": False}
+    assert manifest["passes"]["decode_attention"] == {"models": 0, "methods": {}}  # no attention kernel, no mask shared
     assert result.output_dir.name.startswith("cpu-external-default-llm")  # its own folder beside passes=none
     assert "passes" in manifest["timings"] and manifest["config"]["passes"]["fuse_projections"] is True
     fused = {g["weight"] for g in manifest["passes"]["fuse_projections"]["fused"]}
