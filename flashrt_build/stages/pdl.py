@@ -36,10 +36,12 @@ from ..config.spec import BuildSpec
 
 PREFIX = "flashrt_pdl_"  # a kernel whose name starts so waits before it touches another's data
 # How the kernels of a package with the pass wait (triton_kernels.step_ready's PDL): 1 waits, then lets
-# the next kernel launch; 2 lets it launch first (bench/gemv_fusion_probe.py --pdl-only times both: on an
-# H200 a step's GEMV chain took 0.994x and 0.992x its plain launches, within noise of each other)
+# the next kernel launch; 2 lets it launch first, so its programs load their first weights sooner (each
+# still waits for this kernel to end; it launches only once every program of this one has started).
+# bench/gemv_fusion_probe.py --pdl-only times both on a step's GEMV chain: 2 was 0.987x 1 on an H100
+# (with the GLU kernel), 0.998x on an H200 (before it).
 WAIT_THEN_LAUNCH, LAUNCH_THEN_WAIT = 1, 2
-MODE = WAIT_THEN_LAUNCH
+MODE = LAUNCH_THEN_WAIT
 
 # AOTInductor's launch in its launcher source (torch/_inductor/codegen/cuda/device_op_overrides.py)
 _LAUNCH = re.compile(

@@ -26,7 +26,8 @@ def step_ready(PDL: tl.constexpr):
     It also lets the kernel after this one launch (launch_dependents; that
     one waits in turn): PDL=1 once this one's wait is over, PDL=2 before it
     (the next kernel's programs may then start, and load their weights,
-    while this one still waits: bench/gemv_fusion_probe.py times both)."""
+    while this one still waits: pdl.MODE, as bench/gemv_fusion_probe.py
+    timed both)."""
     ready = 0
     if PDL:
         order: tl.constexpr = ("griddepcontrol.wait; griddepcontrol.launch_dependents;" if PDL == 1 else
