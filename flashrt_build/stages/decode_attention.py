@@ -17,9 +17,9 @@ that verifies the package keeps SDPA), only on CUDA, only to a query of one
 concrete token in bf16 or fp16 with a boolean mask (or none); every other
 call (prefill, dropout, sinks, a float mask) keeps the attention it had.
 
-After export `share_masks` gives every call whose mask is the same view of
-one tensor as an earlier call's (each layer slices the model's one mask)
-that call's mask, which Inductor then computes once instead of once a layer.
+After export `share_masks` gives the calls whose masks are the same view of
+one tensor (each layer slices the model's one mask) one mask that Inductor
+computes once, instead of once a layer.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch import fx, nn
 from .attention import NAME as GROUPED
 from .attention import grouped_sdpa, model_configs, register_attention
 from .exporting import is_exporting
-from .graph_match import calls, calls_op, drop_unused
+from .graph_match import calls, calls_op, computed_once, drop_unused
 from .pdl import pdl_kernels
 
 aten = torch.ops.aten
@@ -106,24 +106,28 @@ VIEWS = (aten.select.int, aten.slice.Tensor, aten.expand.default, aten.view.defa
 
 
 def share_masks(program: torch.export.ExportedProgram) -> int:
-    """Point each decode_attention call whose mask is the same view of the
-    same tensor as an earlier call's at that call's mask; how many were.
+    """Give the decode_attention calls whose masks are the same view of the
+    same tensor one mask, computed once; how many calls took an earlier
+    call's.
 
     Every layer takes the model's one mask (`mask[:, 0, 0, :length]`), and
-    Inductor computes a view an operator takes once for each taker: a kernel
-    a layer writing the same bits (`position <= step`) before its attention."""
+    Inductor computes a cheap value an operator takes once for each taker: a
+    kernel a layer writing the same bits (`position <= step`) before its
+    attention, even where the calls take one graph node (graph_match.computed_once)."""
     graph = program.graph
-    masks: list[fx.Node] = []
-    shared = 0
+    takers: dict[fx.Node, list[fx.Node]] = {}  # each distinct mask: the calls taking it
     for node in graph.nodes:
         if not calls_op(node, "flashrt::decode_attention") or not isinstance(mask := node.args[3], fx.Node):
             continue
-        same = next((m for m in masks if _same_view(m, mask)), None)
-        if same is None:
-            masks.append(mask)
-        elif same is not mask:
-            node.args = (*node.args[:3], same, *node.args[4:])
-            shared += 1
+        same = next((m for m in takers if _same_view(m, mask)), mask)
+        takers.setdefault(same, []).append(node)
+    shared = 0
+    for mask, calls_of in takers.items():
+        if len(calls_of) < 2 or calls(mask, aten.as_strided.default) or (once := computed_once(graph, mask)) is None:
+            continue
+        for node in calls_of:
+            node.args = (*node.args[:3], once, *node.args[4:])
+        shared += len(calls_of) - 1
     if shared:
         drop_unused(graph)
         program.graph_module.recompile()

@@ -1,5 +1,6 @@
-"""What the export-stage rewrites (gemv_fusion.py, rotary_fusion.py) share
-to read an exported graph: which op a node calls, its fake value, and the
+"""What the export-stage rewrites (gemv_fusion.py, rotary_fusion.py,
+decode_attention.py) share to read an exported graph: which op a node
+calls, its fake value, a value computed once for all its takers, and the
 clean-up after a rewrite."""
 
 from __future__ import annotations
@@ -51,3 +52,24 @@ def drop_unused(graph: fx.Graph) -> None:
                     graph.erase_node(user)
                 changed = True
         changed = graph.eliminate_dead_code() or changed
+
+
+def computed_once(graph: fx.Graph, node: fx.Node) -> fx.Node | None:
+    """A node that is `node` itself (an identity `as_strided` of it), which
+    Inductor computes into one buffer however many operators take it; None
+    where `node`'s layout is not static.
+
+    Inductor inlines a cheap pointwise value into each of its takers, and
+    one an operator takes (a custom op, a Triton kernel) it computes into a
+    buffer of that taker's own: a kernel per taker. `as_strided` needs its
+    input in memory, with eager's strides (Inductor's lowering realizes it):
+    its takers then read that one buffer."""
+    value = val(node)
+    if value is None or not all(isinstance(n, int) for n in (*value.shape, *value.stride(), value.storage_offset())):
+        return None
+    with graph.inserting_after(node):
+        once = graph.call_function(
+            aten.as_strided.default, (node, list(value.shape), list(value.stride()), value.storage_offset())
+        )
+    once.meta = {**node.meta, "val": value.as_strided(value.shape, value.stride(), value.storage_offset())}
+    return once

@@ -7,6 +7,7 @@ no model."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -151,6 +152,62 @@ def test_attention_calls_share_a_mask_only_where_it_is_the_same_view_of_one_tens
     calls = [n for n in program.graph.nodes if str(n.target) == "flashrt.decode_attention.default"]
     masks = [n.args[3] for n in calls]
     assert masks[1] is masks[0] and len({id(m) for m in masks}) == 4
-    slices = [n for n in program.graph.nodes if str(n.target) == "aten.slice.Tensor"]
-    assert len(slices) == 4  # the second call's own slice of the mask, unused now, is gone
+    # the shared one: an identity as_strided of the first call's slice (computed_once), the second's slice gone
+    assert str(masks[0].target) == "aten.as_strided.default" and str(masks[0].args[0].target) == "aten.slice.Tensor"
+    assert masks[0].meta["val"].shape == (1, 8) and masks[0].args[1:] == ([1, 8], [10, 1], 0)
+    assert len([n for n in program.graph.nodes if str(n.target) == "aten.slice.Tensor"]) == 4
     assert share_masks(program) == 0  # nothing left to share
+
+
+@torch.library.custom_op("flashrt_test::masked", mutates_args=())
+def masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """An operator Inductor cannot inline (as the attention kernel): x where the mask holds."""
+    return torch.where(mask, x, 0.0)
+
+
+@masked.register_fake
+def _(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class Layers(torch.nn.Module):
+    """Four layers, each taking one step's mask (`position <= step`) as a view."""
+
+    def forward(self, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        mask = (torch.arange(64) <= step).view(1, 1, 1, 64).expand(1, 1, 1, 64)
+        for _ in range(4):
+            x = masked(x, mask[:, 0, 0, :]) + 1
+        return x
+
+
+def launches_comparing(code: str) -> int:
+    """How many kernel launches of Inductor's generated CPU code compute a `<=`."""
+    kernels = re.findall(r"(\w+) = async_compile\.cpp_pybinding\((.*?)\'\'\'\)", code, re.DOTALL)
+    comparing = [name for name, source in kernels if "<=" in source]
+    return sum(len(re.findall(rf"\n\s+{name}\(", code)) for name in comparing)
+
+
+@pytest.mark.slow
+def test_a_value_computed_once_is_one_kernel_however_many_operators_take_it() -> None:
+    """Why share_masks gives the calls an as_strided of the mask, not the
+    mask node itself: Inductor (here for the CPU; the lowering is the GPU's)
+    computes a cheap value once for each operator taking it, even one node."""
+    from torch._inductor.utils import run_and_get_code
+
+    from flashrt_build.stages.graph_match import computed_once
+
+    x, step = torch.randn(1, 64), torch.tensor(5)
+    programs = [torch.export.export(Layers(), (x, step)) for _ in range(2)]
+    graph = programs[1].graph
+    takers = [n for n in graph.nodes if n.target is torch.ops.flashrt_test.masked.default]
+    once = computed_once(graph, takers[0].args[1])
+    for node in takers:
+        node.args = (node.args[0], once)
+    programs[1].graph_module.recompile()
+    kernels = []
+    for program in programs:
+        torch._dynamo.reset()
+        got, (code, *_) = run_and_get_code(torch.compile(program.module()), x, step)
+        assert torch.equal(got, Layers()(x, step))
+        kernels.append(launches_comparing(code))
+    assert kernels == [4, 1]
