@@ -70,7 +70,7 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
         for gone in (add, node):
             if gone is not None:
                 graph.erase_node(gone)
-        counts.update(norms=prologue == NORM, residuals=add is not None)
+        counts.update(norms=int(prologue == NORM), residuals=int(add is not None))  # a bool would stay one
     if counts:
         drop_unused(graph)
         program.graph_module.recompile()

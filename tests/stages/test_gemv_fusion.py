@@ -231,3 +231,24 @@ def test_only_whole_patterns_are_fused_and_the_program_still_computes_the_module
             """
         )
     )
+
+
+class FinalNorm(torch.nn.Module):
+    """One norm and its GEMV, nothing else to fuse: a quantized model's
+    lm_head (its other layers keep their own kernels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.norm = torch.nn.Parameter(torch.randn(8, 16)), torch.nn.Parameter(torch.ones(16))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = h.to(torch.float32)
+        normed = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+        return gemv_op()(normed, self.w, None)
+
+
+def test_one_fused_gemv_is_counted_in_integers() -> None:
+    """The manifest's counts are integers (its schema refused a quantized
+    build's `norms: true`: a Counter's first update keeps the value as given)."""
+    counts = fuse_gemv_neighbours(torch.export.export(FinalNorm(), (torch.randn(1, 1, 16),)))
+    assert {what: (type(n), n) for what, n in counts.items()} == {"norms": (int, 1), "residuals": (int, 0)}
