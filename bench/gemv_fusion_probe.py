@@ -51,7 +51,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
-from flashrt_build.stages.gemv import BLOCK_K, BLOCK_N, EVICT, GATED, NONE, NORM, STAGES, WARPS, launch_rows  # noqa: E402
+from flashrt_build.stages.gemv import (  # noqa: E402
+    BLOCK_K,
+    BLOCK_N,
+    EVICT,
+    GATED,
+    NONE,
+    NORM,
+    PREFETCH,
+    STAGES,
+    WARPS,
+    launch_rows,
+)
 from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, WAIT_THEN_LAUNCH  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
@@ -91,11 +102,13 @@ EPS = 1e-5
 
 
 def gemv(
-    config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0, glu: bool = False
-) -> Callable[..., torch.Tensor]:
+    config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0, glu: bool = False,
+    prefetch: int = PREFETCH,
+) -> Callable[..., torch.Tensor]:  # fmt: skip
     """The package's GEMV kernel (flashrt_build/stages/triton_kernels.py) at `config`, with a prologue and a
     residual add; `pdl`: with its wait (step_ready's mode), launched as a programmatic dependent (the pdl pass's
-    launch); `glu`: w's rows gate's then up's, SiLU(gate) * up out (half the rows a program, as gemv.py launches it)."""
+    launch); `glu`: w's rows gate's then up's, SiLU(gate) * up out (half the rows a program, as gemv.py launches it);
+    `prefetch`: the weight tiles it loads before the wait."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
 
@@ -105,8 +118,8 @@ def gemv(
         flashrt_pdl_gemv[(triton.cdiv(n, program_rows),)](
             w, x, x if v is None else v, w, y if r is None else r, y, n, k, EPS,
             PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=program_rows,
-            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, GLU=glu, num_warps=warps,
-            num_stages=stages, **launch,
+            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, GLU=glu, PREFETCH=prefetch,
+            num_warps=warps, num_stages=stages, **launch,
         )  # fmt: skip
         return y
 
@@ -234,13 +247,18 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
 
 
 def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
-               pdl: int, config: Config = SHIPPED, glu: bool = True) -> torch.Tensor:  # fmt: skip
+               pdl: int, config: Config = SHIPPED, glu: bool = True,
+               prefetch: int = PREFETCH) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next (`glu=False`: as it called them before, SiLU(gate) * up
     computed by every program of `down`); the attention's output stands in
     for q's (its kernels are not probed)."""
-    normed, added = gemv(config, NORM, pdl=pdl), gemv(config, residual=True, pdl=pdl)
-    gated, glu_up = gemv(config, GATED, residual=True, pdl=pdl), gemv(config, NORM, pdl=pdl, glu=True)
+    normed, added = (
+        gemv(config, NORM, pdl=pdl, prefetch=prefetch),
+        gemv(config, residual=True, pdl=pdl, prefetch=prefetch),
+    )
+    gated = gemv(config, GATED, residual=True, pdl=pdl, prefetch=prefetch)
+    glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch)
     h = x
     for w in weights:
         qkv = normed(w["qkv"], h, norm)
@@ -272,13 +290,15 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
         WAIT_THEN_LAUNCH: "PDL: wait, then launch the next",
         LAUNCH_THEN_WAIT: "PDL: launch the next, then wait",
     }
-    chains = {(SHIPPED, True): "", (SHIPPED, False): ", SiLU * up in down (before)"}
-    chains |= {(config, True): "" for config in configs if config != SHIPPED}
+    other = 3 - PREFETCH  # the tiles before the wait the kernel does not ship with (1 or 2)
+    chains = {(SHIPPED, True, PREFETCH): "", (SHIPPED, False, PREFETCH): ", SiLU * up in down (before)",
+              (SHIPPED, True, other): f", {other} K step{'s' if other > 1 else ''} loaded before the wait"}  # fmt: skip
+    chains |= {(config, True, PREFETCH): "" for config in configs if config != SHIPPED}
     rows, outputs, base = [], [], 0.0
-    for (config, glu), how in chains.items():
+    for (config, glu, ahead), how in chains.items():
         for pdl, name in modes.items():
-            outputs.append(gemv_chain(weights, head, x, norm, pdl, config, glu))  # compiled, and its output kept
-            chain = lambda _, p=pdl, c=config, g=glu: gemv_chain(weights, head, x, norm, p, c, g)  # noqa: E731
+            outputs.append(gemv_chain(weights, head, x, norm, pdl, config, glu, ahead))  # compiled, its output kept
+            chain = lambda _, p=pdl, c=config, g=glu, a=ahead: gemv_chain(weights, head, x, norm, p, c, g, a)  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us
             rows.append([f"{config}{how}", name, f"{us / 1000:.4f}", f"{us / base:.3f}"])

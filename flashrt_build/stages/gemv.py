@@ -37,6 +37,9 @@ BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every 
 # Weights loaded evict-first (read once a step: L2 is left to x) without software pipelining: 2-4% off
 # every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
 EVICT, STAGES = True, 1
+# Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
+# (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both. Not yet on a GPU: 1.
+PREFETCH = 1
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v, SiLU(x) * v (gemv_fusion.py)
 
@@ -66,7 +69,7 @@ def _launch(
         out if residual is None else residual.contiguous(), out, n, k, eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVICT=EVICT,
         PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), GLU=glu,
-        num_warps=WARPS, num_stages=STAGES,
+        PREFETCH=PREFETCH, num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return out
 

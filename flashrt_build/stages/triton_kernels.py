@@ -42,6 +42,7 @@ def flashrt_pdl_gemv(
     w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
     program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
@@ -51,8 +52,9 @@ def flashrt_pdl_gemv(
     and y[n] = SiLU(gate[n]) * up[n] (a program sums its gate rows and the
     up rows N below them).
 
-    The first weight tile is loaded before the program waits on the
-    kernel before it (PDL: in a package the pdl pass launches as a
+    The first weight tile (PREFETCH=2: the first two, then each step
+    loads the tile after the next) is loaded before the program waits on
+    the kernel before it (PDL: in a package the pdl pass launches as a
     programmatic dependent): the weights do not depend on the step, so
     they stream in while that kernel finishes."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -64,12 +66,26 @@ def flashrt_pdl_gemv(
     if GLU:  # up's rows, N below gate's
         acc_up, u_rows = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), w_rows + N * K
         u = tl.load(u_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
+    if PREFETCH == 2:  # the second tile too (masked off past K: no traffic)
+        ahead = cols + BLOCK_K
+        w_ahead = tl.load(w_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K), other=0.0, eviction_policy=evict)
+        if GLU:
+            u_ahead = tl.load(u_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K), other=0.0,
+                              eviction_policy=evict)  # fmt: skip
     # what the step wrote (x, the residual) and its output only through pointers offset by `ready`: after the wait
     ready = step_ready(PDL)
     x_ptr, r_ptr, y_ptr = x_ptr + ready, r_ptr + ready, y_ptr + ready
     for k in range(0, K, BLOCK_K):
         cols = k + tl.arange(0, BLOCK_K)
-        if k > 0:  # the first tile is in
+        if PREFETCH == 2:
+            if k > 0:  # this step's tile is in; the one after it starts loading
+                ahead = cols + BLOCK_K
+                w, w_ahead = w_ahead, tl.load(w_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K), other=0.0,
+                                              eviction_policy=evict)  # fmt: skip
+                if GLU:
+                    u, u_ahead = u_ahead, tl.load(u_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K),
+                                                  other=0.0, eviction_policy=evict)  # fmt: skip
+        elif k > 0:  # the first tile is in
             w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
             if GLU:
                 u = tl.load(u_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)

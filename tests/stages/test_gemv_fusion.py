@@ -47,46 +47,51 @@ def in_fresh_process(script: str, device: str = "cpu") -> None:
 def computes_as_torch(device: str) -> None:
     """Each prologue (none, RMSNorm * v, SiLU(x) * v) with and without a
     bias and a residual, and SiLU(gate) * up out of one weight (glu), K past one block and short of one, an odd N, bf16
-    and fp32: within an output rounding of float64 torch (fp32: of its sums)."""
+    and fp32, one and two weight tiles loaded ahead: within an output rounding of float64 torch (fp32: of its sums)."""
     in_fresh_process(
         textwrap.dedent(
             f"""
             import torch
+            from flashrt_build.stages import gemv
             from flashrt_build.stages.gemv import GATED, NONE, NORM, gemv_fused_op
             torch.manual_seed(0)
             torch.set_default_device({device!r})
             silu = torch.nn.functional.silu
-            for n, k, dtype in [(7, 40, torch.bfloat16), (33, 2100, torch.bfloat16), (5, 1024, torch.float32)]:
-                w, x, v = (torch.randn(shape, dtype=dtype) for shape in ((n, k), (1, 1, k), (k,)))
-                for prologue, bias, residual in [(NONE, True, True), (NORM, False, False), (NORM, True, True),
-                                                 (GATED, False, True), (GATED, True, False)]:
-                    b = torch.randn(n, dtype=dtype) if bias else None
-                    r = torch.randn(1, 1, n, dtype=dtype) if residual else None
-                    y = gemv_fused_op()(x, w, b, v if prologue else None, r, 1e-5, prologue)
-                    x64 = x.double()
-                    p = {{NONE: x64, NORM: x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * v.double(),
-                         GATED: silu(x64) * v.double()}}[prologue]
-                    exact = torch.nn.functional.linear(p, w.double(), None if b is None else b.double())
-                    exact = exact + (0 if r is None else r.double())
-                    assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
-                    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -16
-                    err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
-                    assert err <= ulp, (n, k, dtype, prologue, bias, residual, err)
-                # glu: gate's rows then up's in one weight, SiLU(gate) * up out (a norm before it, a bias, a residual)
-                w2, b2 = torch.randn(2 * n, k, dtype=dtype), torch.randn(2 * n, dtype=dtype)
-                for prologue, bias, residual in [(NORM, False, False), (NONE, True, True)]:
-                    b = b2 if bias else None
-                    r = torch.randn(1, 1, n, dtype=dtype) if residual else None
-                    y = gemv_fused_op()(x, w2, b, v if prologue else None, r, 1e-5, prologue, True)
-                    x64 = x.double()
-                    p = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * v.double() if prologue else x64
-                    both = torch.nn.functional.linear(p, w2.double(), None if b is None else b.double())
-                    gate, up = both.split(n, -1)
-                    exact = silu(gate) * up + (0 if r is None else r.double())
-                    assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
-                    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -15
-                    err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
-                    assert err <= ulp, ("glu", n, k, dtype, prologue, bias, residual, err)
+            for prefetch in (1, 2):  # the weight tiles loaded before the wait: as shipped, and two
+                gemv.PREFETCH = prefetch
+                for n, k, dtype in [(7, 40, torch.bfloat16), (33, 2100, torch.bfloat16), (5, 1024, torch.float32)]:
+                    w, x, v = (torch.randn(shape, dtype=dtype) for shape in ((n, k), (1, 1, k), (k,)))
+                    for prologue, bias, residual in [(NONE, True, True), (NORM, False, False), (NORM, True, True),
+                                                     (GATED, False, True), (GATED, True, False)]:
+                        b = torch.randn(n, dtype=dtype) if bias else None
+                        r = torch.randn(1, 1, n, dtype=dtype) if residual else None
+                        y = gemv_fused_op()(x, w, b, v if prologue else None, r, 1e-5, prologue)
+                        x64 = x.double()
+                        p = {{NONE: x64, NORM: x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * v.double(),
+                             GATED: silu(x64) * v.double()}}[prologue]
+                        exact = torch.nn.functional.linear(p, w.double(), None if b is None else b.double())
+                        exact = exact + (0 if r is None else r.double())
+                        assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
+                        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -16
+                        err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
+                        assert err <= ulp, (prefetch, n, k, dtype, prologue, bias, residual, err)
+                    # glu: gate's rows then up's in one weight, SiLU(gate) * up out (a norm before it, a bias,
+                    # a residual)
+                    w2, b2 = torch.randn(2 * n, k, dtype=dtype), torch.randn(2 * n, dtype=dtype)
+                    for prologue, bias, residual in [(NORM, False, False), (NONE, True, True)]:
+                        b = b2 if bias else None
+                        r = torch.randn(1, 1, n, dtype=dtype) if residual else None
+                        y = gemv_fused_op()(x, w2, b, v if prologue else None, r, 1e-5, prologue, True)
+                        x64 = x.double()
+                        norm = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5)
+                        p = x64 * norm * v.double() if prologue else x64
+                        both = torch.nn.functional.linear(p, w2.double(), None if b is None else b.double())
+                        gate, up = both.split(n, -1)
+                        exact = silu(gate) * up + (0 if r is None else r.double())
+                        assert y.shape == (1, 1, n) and y.dtype == dtype, (y.shape, y.dtype)
+                        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -15
+                        err = ((y.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
+                        assert err <= ulp, ("glu", prefetch, n, k, dtype, prologue, bias, residual, err)
             print("ok")
             """
         ),

@@ -95,7 +95,8 @@ def before_the_wait(lines: list[str]) -> list[str]:
 
 
 GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")}
-GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=1024, EVICT=True, GLU=False)
+GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=1024, EVICT=True, GLU=False,
+            PREFETCH=1)  # fmt: skip
 
 
 @pytest.mark.parametrize(("mode", "glu"), [(pdl.WAIT_THEN_LAUNCH, False), (pdl.LAUNCH_THEN_WAIT, False),
@@ -108,6 +109,10 @@ def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wr
     if glu:  # gate's tile and up's, two row streams a program
         plain = ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": mode, "GLU": False})
         assert len(early) == 2 * len([line for line in before_the_wait(plain) if "ld.global" in line])
+    # two tiles before the wait where asked (gemv.PREFETCH: the probe times it), the same loads after it
+    ahead = ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": mode, "GLU": glu, "PREFETCH": 2})
+    early_ahead = [line for line in before_the_wait(ahead) if "ld.global" in line or "st.global" in line]
+    assert len(early_ahead) == 2 * len(early) and all("ld.global.L1::evict_first" in line for line in early_ahead)
     (asm,) = [line for line in lines if "griddepcontrol" in line]  # one instruction each, in one asm statement
     assert asm.count("griddepcontrol.launch_dependents") == asm.count("griddepcontrol.wait") == 1
     # the next kernel may launch before this one waits (as shipped), or once it waited (the probe's other mode)
