@@ -357,9 +357,9 @@ def main() -> None:
     check("cuda")
     gpu = torch.cuda.get_device_name()
     tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
+    sizes = {name: (n, k, per_step) for name, n, k, per_step in SHAPES}
     if args.fused_only:
         configs = list(itertools.product(args.block_n, args.block_k, args.warps, args.stages, [True]))
-        sizes = {name: (n, k, per_step) for name, n, k, per_step in SHAPES}
         fused = fused_configurations(sizes, configs, args.replays)
         body = f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {len(configs)} configurations "
         body += "(block_n, block_k, warps, stages, evict_first)\n\n" + table(
@@ -382,7 +382,6 @@ def main() -> None:
     configs = list(itertools.product(args.block_n, args.block_k, args.warps, args.stages, [False, True]))
     peak = {"H100": 3.35, "H200": 4.8}.get(next((g for g in ("H100", "H200") if g in gpu), ""), float("nan"))
     torch.manual_seed(0)
-    sizes = {name: (n, k, per_step) for name, n, k, per_step in SHAPES}
     rows, best, shipped = configurations(sizes, configs, args.replays)
     fused_rows = fused_against_today(sizes, best, args.replays)
     step_shipped = sum(us * sizes[s][2] for s, us in shipped.items()) / 1000
