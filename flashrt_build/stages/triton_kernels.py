@@ -4,7 +4,8 @@ the decode attention's split and merge (decode_attention.py, rotary_fusion.py).
 One module that imports Triton, imported by their ops on first use, so
 flashrt_build imports without it. AOTInductor compiles a user kernel's
 source into the package together with the module-level `@triton.jit`
-functions it calls (`step_ready`), which is why they live at module level.
+functions it calls (`step_ready`, `weight_tile`, `row_sums`), which is why
+they live at module level.
 A kernel whose name starts `flashrt_pdl_` is one the pdl pass may launch as
 a programmatic dependent (pdl.py): each calls `step_ready` before it reads
 or writes anything another kernel of the step touches.
@@ -38,6 +39,26 @@ def step_ready(PDL: tl.constexpr):
 
 
 @triton.jit
+def weight_tile(rows, cols, in_rows, K, EVICT: tl.constexpr):
+    """The weight's `rows` (pointers to their starts) at `cols`, zeros past
+    K (no traffic); loaded evict-first with EVICT (read once a step)."""
+    evict: tl.constexpr = "evict_first" if EVICT else ""
+    return tl.load(rows + cols[None, :], mask=in_rows & (cols[None, :] < K), other=0.0, eviction_policy=evict)
+
+
+@triton.jit
+def row_sums(acc, squares, b_ptr, rows, N, K, eps, NORMED: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """A tile of products summed by row, scaled by RMSNorm's rsqrt(mean(x^2)
+    + eps) where NORMED (`squares` holds x^2), plus the bias."""
+    y = tl.sum(acc, axis=1)
+    if NORMED:  # eps arrives as fp64 from AOTInductor: the scale stays fp32
+        y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
 def flashrt_pdl_gemv(
     w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -47,10 +68,9 @@ def flashrt_pdl_gemv(
     """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
     program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
     it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
-    anyway and scales its sums once at the end), or SiLU(x) * v. EVICT
-    loads the weight evict-first. GLU: w holds 2N rows, gate's then up's,
-    and y[n] = SiLU(gate[n]) * up[n] (a program sums its gate rows and the
-    up rows N below them).
+    anyway and scales its sums once at the end), or SiLU(x) * v. GLU: w
+    holds 2N rows, gate's then up's, and y[n] = SiLU(gate[n]) * up[n] (a
+    program sums its gate rows and the up rows N below them).
 
     The first weight tile (PREFETCH=2: the first two, then each step
     loads the tile after the next) is loaded before the program waits on
@@ -60,18 +80,15 @@ def flashrt_pdl_gemv(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    evict: tl.constexpr = "evict_first" if EVICT else ""
     w_rows, w_in, cols = w_ptr + rows[:, None] * K, rows[:, None] < N, tl.arange(0, BLOCK_K)
-    w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
+    w = weight_tile(w_rows, cols, w_in, K, EVICT)
     if GLU:  # up's rows, N below gate's
         acc_up, u_rows = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), w_rows + N * K
-        u = tl.load(u_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
-    if PREFETCH == 2:  # the second tile too (masked off past K: no traffic)
-        ahead = cols + BLOCK_K
-        w_ahead = tl.load(w_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K), other=0.0, eviction_policy=evict)
+        u = weight_tile(u_rows, cols, w_in, K, EVICT)
+    if PREFETCH == 2:  # the second tile too
+        w_ahead = weight_tile(w_rows, cols + BLOCK_K, w_in, K, EVICT)
         if GLU:
-            u_ahead = tl.load(u_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K), other=0.0,
-                              eviction_policy=evict)  # fmt: skip
+            u_ahead = weight_tile(u_rows, cols + BLOCK_K, w_in, K, EVICT)
     # what the step wrote (x, the residual) and its output only through pointers offset by `ready`: after the wait
     ready = step_ready(PDL)
     x_ptr, r_ptr, y_ptr = x_ptr + ready, r_ptr + ready, y_ptr + ready
@@ -79,16 +96,13 @@ def flashrt_pdl_gemv(
         cols = k + tl.arange(0, BLOCK_K)
         if PREFETCH == 2:
             if k > 0:  # this step's tile is in; the one after it starts loading
-                ahead = cols + BLOCK_K
-                w, w_ahead = w_ahead, tl.load(w_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K), other=0.0,
-                                              eviction_policy=evict)  # fmt: skip
+                w, w_ahead = w_ahead, weight_tile(w_rows, cols + BLOCK_K, w_in, K, EVICT)
                 if GLU:
-                    u, u_ahead = u_ahead, tl.load(u_rows + ahead[None, :], mask=w_in & (ahead[None, :] < K),
-                                                  other=0.0, eviction_policy=evict)  # fmt: skip
+                    u, u_ahead = u_ahead, weight_tile(u_rows, cols + BLOCK_K, w_in, K, EVICT)
         elif k > 0:  # the first tile is in
-            w = tl.load(w_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
+            w = weight_tile(w_rows, cols, w_in, K, EVICT)
             if GLU:
-                u = tl.load(u_rows + cols[None, :], mask=w_in & (cols[None, :] < K), other=0.0, eviction_policy=evict)
+                u = weight_tile(u_rows, cols, w_in, K, EVICT)
         x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
         if PROLOGUE == 1:
             squares += x * x
@@ -98,19 +112,9 @@ def flashrt_pdl_gemv(
         acc += w.to(tl.float32) * x[None, :]
         if GLU:
             acc_up += u.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, axis=1)
-    if PROLOGUE == 1:  # eps arrives as fp64 from AOTInductor: the scale stays fp32
-        scale = tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
-        y = y * scale
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    y = row_sums(acc, squares, b_ptr, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS)
     if GLU:  # SiLU(gate) * up
-        up = tl.sum(acc_up, axis=1)
-        if PROLOGUE == 1:
-            up = up * scale
-        if HAS_BIAS:
-            up += tl.load(b_ptr + N + rows, mask=rows < N, other=0.0).to(tl.float32)
-        y = y * tl.sigmoid(y) * up
+        y = y * tl.sigmoid(y) * row_sums(acc_up, squares, b_ptr + N, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS)
     if HAS_RESIDUAL:
         y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
