@@ -234,12 +234,14 @@ def test_a_thread_limit_bounds_compile_workers_not_the_generated_code(monkeypatc
     import torch
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)
     for name in ("TORCHINDUCTOR_COMPILE_THREADS", "FLASHRT_THREADS"):
         monkeypatch.delenv(name, raising=False)
     before = torch.get_num_threads()
-    apply_threads(1)
-    assert inductor_config.compile_threads == 1 and os.environ["FLASHRT_THREADS"] == "1"
+    # config.patch restores the option (monkeypatch's undo deleted it from Inductor's config: a later
+    # in-process compile in this worker then failed, "compile_threads does not exist")
+    with inductor_config.patch(compile_threads=inductor_config.compile_threads):
+        apply_threads(1)
+        assert inductor_config.compile_threads == 1 and os.environ["FLASHRT_THREADS"] == "1"
     # Inductor sizes its CPU kernels' parallel loops by this count: it must not change.
     assert torch.get_num_threads() == before
 
