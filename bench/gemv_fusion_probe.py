@@ -19,11 +19,12 @@ at the decode step's shapes:
    add, the norm and gate/up, SiLU, down and the residual add; the lm_head),
    each feeding the next, with and without the kernels' waits and the PDL
    launch (`--pdl-only`: this part alone); both chains must give the same
-   bits. Both ways a kernel can let the next one launch (after its wait, as
-   shipped, or before it), and beside the shipped launch wider K steps
-   (`--pdl-configs`): the GEMV loads its first step's weights before it
-   waits, so a wider step streams more of them under the previous kernel's
-   tail.
+   bits. Both ways a kernel can let the next one launch (before its wait, as
+   shipped: pdl.MODE, or after it), the kernel as it was before GLU, two K
+   steps loaded before the wait (gemv.PREFETCH), and beside the shipped
+   launch wider K steps (`--pdl-configs`): the GEMV loads its first step's
+   weights before it waits, so a wider step streams more of them under the
+   previous kernel's tail.
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
