@@ -64,8 +64,8 @@ def run_package(
             raise LoaderCrash(f"the package crashed its loader process with {name} while loading. {_crash_remedy(cxx)}")
         said = _what(done.stderr) or _said_on_one_thread(staging, work, timeout)
         raise LoaderCrash(
-            f"the package crashed its process with {name} at {where}{f': {said}' if said else ''}. Its own code "
-            "refused what eager accepted: an input the compiled code cannot take (an index out of range)"
+            f"the package crashed its process with {name} at {where}{f': {said}' if said else ''}. Eager ran "
+            "this input; the compiled code refused it (an index out of range, for one)"
         )
     result_path = work / "result.pt"
     if done.returncode != 0 or not result_path.is_file():
@@ -75,9 +75,10 @@ def run_package(
     if "failed" in result:
         failed = result["failed"]
         (work / PROGRESS).write_text(f"call {failed['call']}")
+        said = _package_said(done.stderr) or failed["message"]
         raise VerifyError(
-            f"the package raised {failed['error']} at {_where(work, calls)}: {failed['message']}. Its own code "
-            "refused what eager accepted: an input the compiled code cannot take (an index out of range)"
+            f"the package raised {failed['error']} at {_where(work, calls)}: {said}. Eager ran this input; "
+            "the compiled code refused it"
         )
     return result
 
@@ -131,6 +132,18 @@ def _what(stderr: str) -> str | None:
     for line in stderr.splitlines():
         if "what():" in line and "terminate called" not in line:
             return " ".join(line.split())
+    return None
+
+
+def _package_said(stderr: str) -> str | None:
+    """The package's own words for a call it refused. Python is told only
+    that the call failed (`run_func_(...) API call failed at ...`); the
+    runtime prints the exception: an ATen operator's check as `Exception in
+    aoti_torch: ...`, the generated code's own as `Error: ...`."""
+    for mark in ("Exception in aoti_torch: ", "Error: "):
+        said = [line.split(mark, 1)[1].strip() for line in stderr.splitlines() if mark in line]
+        if said:
+            return said[-1]
     return None
 
 

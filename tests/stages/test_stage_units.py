@@ -26,7 +26,7 @@ from flashrt_build.stages.inputs import ExampleInputs, dynamic_shapes, make_inpu
 from flashrt_build.stages.module import instantiate_module
 from flashrt_build.stages.preflight import validate_inductor_options
 from flashrt_build.stages.verify import plan_calls, run_eager
-from flashrt_build.stages.verify_process import _what, _where
+from flashrt_build.stages.verify_process import _package_said, _what, _where
 from flashrt_build.stages.weights import tensor_sha256
 
 
@@ -291,6 +291,20 @@ def test_where_a_verification_process_stopped(tmp_path: Path) -> None:
     interleaved = "terminate called after throwing an instance of 'c10::Error'\n"
     interleaved += "  what():  terminate called recursively\n"
     assert _what(interleaved) is None
+
+
+def test_a_call_the_package_refused_is_named_in_its_own_words() -> None:
+    """AOTInductor's runtime prints the exception; Python hears only that the call failed."""
+    stderr = "warming up\nError: CUDA error: an illegal memory access was encountered\nlater noise\n"
+    assert _package_said(stderr) == "CUDA error: an illegal memory access was encountered"
+    assert _package_said("run_func_( ... ) API call failed at model_container_runner.cpp\n") is None
+    # an ATen operator's check (an H100's, verbatim) says more than the call that failed
+    stderr = (
+        "[E1206 06:45:53.386160039 c_shim_cuda.cpp:431] Exception in aoti_torch: self.size(0) needs to be greater "
+        "than 16, but got 8\nframe #0: c10::Error::Error(...)\nError: aoti_torch_cuda__int_mm_out(buf5, ...) API "
+        "call failed at wrapper.cpp, line 2546\n"
+    )
+    assert _package_said(stderr) == "self.size(0) needs to be greater than 16, but got 8"
 
 
 def test_structure_and_shape_mismatches_fail() -> None:
