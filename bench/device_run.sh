@@ -56,6 +56,12 @@ for step in "$@"; do
 from causal_lm import save_model; save_model(Path(\"/tmp/w2/model\"), \"layers=2,hidden=2048,heads=32,kv_heads=8,mlp=8192,vocab=128256\", torch.bfloat16)' \
 && TORCH_LOGS=output_code python3 -m flashrt_build +module=causal_lm module.pretrained=/tmp/w2/model module.max_cache_len=1024 \
 module.max_prompt=512 target=cuda weights=external '~module.methods.prefill' passes=llm output_root=/tmp/w2/out 2> $out/decode_code.log") ;;
+    dq_small)  # int8_dq_prefill on a 2-layer model at Llama-3.2-1B's width: does its prefill package run (it refused a prompt of 8 once)
+      cmd=(bash -c "python3 -c 'import sys, torch; from pathlib import Path; sys.path.insert(0, \"bench\"); \
+from causal_lm import save_model; save_model(Path(\"/tmp/w3/model\"), \"layers=2,hidden=2048,heads=32,kv_heads=8,mlp=8192,vocab=128256\", torch.bfloat16)' \
+&& python3 -m flashrt_build +module=causal_lm module.pretrained=/tmp/w3/model module.max_cache_len=1024 \
+module.max_prompt=512 target=cuda weights=external '~module.methods.decode' passes=llm quant=int8_dq_prefill quant.max_rel_error=1 \
+output_root=/tmp/w3/out hydra.verbose=flashrt_build.stages.verify") ;;
     fused_configs)  # the fused GEMVs (norm, gate, residual in the kernel) at more rows a program: each program reads all of x
       cmd=(python3 bench/gemv_fusion_probe.py --fused-only --block-n 2,4,8,16 --block-k 512,1024 --warps 4,8 --stages 1) ;;
     pdl_probe)  # a decode step's GEMV chain with and without programmatic dependent launch (the pdl pass's)

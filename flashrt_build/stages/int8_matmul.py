@@ -3,23 +3,31 @@ and a recipe that quantizes activations (`int8_dq_prefill`) calls it with a
 prompt's rows, as few as the prompt's shortest length. On a CUDA target
 each call gets 16 rows of zeros more and its result is cut back to the
 rows it was given: the same product at any length, for an int8 copy of the
-activations (small beside the weights every call reads)."""
+activations (small beside the weights every call reads).
+
+The int8 matmul comes in two forms: `aten._int_mm`, or, where torchao sees
+a tracer (export on a CUDA device), `out_dtype(aten.mm, int32, a, b)`, which
+Inductor lowers to `aten._int_mm` after this pass could see it. Both are
+padded."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch._higher_order_ops.out_dtype import out_dtype
 
 PAD = 16  # rows: cuBLAS takes more than 16
 
 
 def pad_int8_matmuls(program: torch.export.ExportedProgram, device: str) -> tuple[torch.export.ExportedProgram, int]:
-    """The program with each `aten._int_mm` padded (a CUDA target), and how many were."""
-    calls = sum(node.target is torch.ops.aten._int_mm.default for node in program.graph.nodes)
+    """The program with each int8 matmul padded (a CUDA target), and how many were."""
+    calls = sum(_is_int8_matmul(node) for node in program.graph.nodes)
     if not calls or not device.startswith("cuda"):
         return program, 0
     inside: list[bool] = []
 
-    def padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def padded(a: torch.Tensor, b: torch.Tensor) -> Any:
         if inside:  # the padded call itself: traced as it is
             return NotImplemented
         inside.append(True)
@@ -28,4 +36,18 @@ def pad_int8_matmuls(program: torch.export.ExportedProgram, device: str) -> tupl
         finally:
             inside.pop()
 
-    return program.run_decompositions({torch.ops.aten._int_mm.default: padded}), calls
+    def padded_out_dtype(op: Any, dtype: torch.dtype, *args: torch.Tensor) -> Any:
+        if op is not torch.ops.aten.mm.default or dtype != torch.int32 or len(args) != 2:
+            return NotImplemented  # another out_dtype call: traced as it is
+        return padded(*args) if all(a.dtype == torch.int8 for a in args) else NotImplemented
+
+    table = {torch.ops.aten._int_mm.default: padded, out_dtype: padded_out_dtype}
+    return program.run_decompositions(table), calls
+
+
+def _is_int8_matmul(node: torch.fx.Node) -> bool:
+    if node.target is torch.ops.aten._int_mm.default:
+        return True
+    if node.target is not out_dtype or node.args[:2] != (torch.ops.aten.mm.default, torch.int32):
+        return False
+    return all(isinstance(a, torch.fx.Node) and a.meta["val"].dtype == torch.int8 for a in node.args[2:])

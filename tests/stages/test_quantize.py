@@ -226,6 +226,37 @@ def test_a_cuda_graphs_int8_matmuls_take_any_row_count() -> None:
         assert torch.equal(padded.module()(x), program.module()(x))
 
 
+def test_a_cuda_graphs_int8_matmuls_traced_as_out_dtype_are_padded_too() -> None:
+    """Exported on a CUDA device, torchao's int8 matmul is `out_dtype(mm,
+    int32, ...)`, which Inductor lowers to cuBLAS's after the export: a
+    prompt of 8 failed on an H100 ("self.size(0) needs to be greater than 16")."""
+    from torch._higher_order_ops.out_dtype import out_dtype
+
+    from flashrt_build.stages.int8_matmul import pad_int8_matmuls
+
+    class Matmul(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randint(-127, 128, (32, 64), dtype=torch.int8), requires_grad=False)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            float_mm = out_dtype(torch.ops.aten.mm.default, torch.float32, y, y.t())  # not int8: left alone
+            return out_dtype(torch.ops.aten.mm.default, torch.int32, x, self.weight.t()), float_mm
+
+    rows = torch.export.Dim("rows", min=2, max=512)
+    example = (torch.zeros(20, 64, dtype=torch.int8), torch.ones(3, 4, dtype=torch.bfloat16))
+    program = torch.export.export(Matmul(), example, dynamic_shapes=({0: rows}, None))
+    padded, count = pad_int8_matmuls(program, "cuda")
+    (matmul,) = [n for n in padded.graph.nodes if n.target is torch.ops.aten._int_mm.default]
+    assert count == 1 and matmul.args[0].target is torch.ops.aten.pad.default
+    assert sum(n.target is out_dtype for n in padded.graph.nodes) == 1  # the float one
+    y = torch.randn(3, 4, dtype=torch.bfloat16)
+    for count in (2, 8, 300):
+        x = torch.randint(-127, 128, (count, 64), dtype=torch.int8)
+        ours, theirs = padded.module()(x, y), program.module()(x, y)
+        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
 # int8 weight-only builds on the CPU -------------------------------------------
 
 
