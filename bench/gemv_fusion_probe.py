@@ -24,7 +24,9 @@ at the decode step's shapes:
    steps loaded before the wait (gemv.PREFETCH), and beside the shipped
    launch wider K steps (`--pdl-configs`): the GEMV loads its first step's
    weights before it waits, so a wider step streams more of them under the
-   previous kernel's tail.
+   previous kernel's tail. Then the chain on int8 rows and their scales, as
+   `quant=int8_wo`'s layers call the kernel (the lm_head bf16), at the
+   shipped launch and at wider K steps (INT8_CONFIGS).
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
@@ -69,6 +71,8 @@ from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
 SHIPPED = (BLOCK_N, BLOCK_K, WARPS, STAGES, EVICT)
+# the int8 chain's launches beside the shipped one: a K step of the same bytes (2048 int8), more rows a program
+INT8_CONFIGS = [(2, 2048, 4, 1, True), (2, 2048, 8, 1, True), (4, 1024, 4, 1, True)]
 
 
 @triton.jit
@@ -113,12 +117,14 @@ def gemv(
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
 
-    def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None):
+    def call(w: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, r: torch.Tensor | None = None,
+             s: torch.Tensor | None = None):  # fmt: skip
+        """`s`: int8 rows' scales (w int8, as int8_wo's layers call it)."""
         (n, program_rows), k = launch_rows(w.shape[0], block_n, glu), w.shape[1]
-        y = torch.empty(n, device=w.device, dtype=w.dtype)
+        y = torch.empty(n, device=w.device, dtype=x.dtype)
         flashrt_pdl_gemv[(triton.cdiv(n, program_rows),)](
-            w, x, x if v is None else v, w, y if r is None else r, y, n, k, EPS,
-            PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, BLOCK_N=program_rows,
+            w, x, x if v is None else v, w, y if r is None else r, y, w if s is None else s, n, k, EPS,
+            PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, HAS_SCALE=s is not None, BLOCK_N=program_rows,
             BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, GLU=glu, PREFETCH=prefetch,
             num_warps=warps, num_stages=stages, **launch,
         )  # fmt: skip
@@ -192,10 +198,13 @@ def inputs(k: int, mlp: int, device: str) -> tuple[torch.Tensor, ...]:
     return x, r, make(k, 0.1) + 1, make(mlp), make(mlp), x + r
 
 
+CHECKED = [(2, 64, 4, 1, False), (4, 32, 2, 2, True), (1, 128, 4, 3, False)]  # small launches, K past a step
+
+
 def check(device: str) -> None:
     """Every kernel and fusion against float references at small sizes (a CPU under TRITON_INTERPRET=1)."""
     torch.manual_seed(0)
-    for config in [(2, 64, 4, 1, False), (4, 32, 2, 2, True), (1, 128, 4, 3, False)]:
+    for config in CHECKED:
         for name, _, today, fused, reference in fusions(config):
             w = torch.randn(24, 96, device=device).to(torch.bfloat16)
             i = inputs(96, 96, device)
@@ -206,6 +215,14 @@ def check(device: str) -> None:
                 if error > 1e-2:
                     raise SystemExit(f"{name} ({how}, {config}): relative error {error:.3g}")
         print(f"{config}: the fusions agree with their references", flush=True)
+    for config in CHECKED:  # int8 rows and their scales (int8_wo's layers)
+        w = torch.randn(24, 96, device=device).to(torch.bfloat16)
+        quantized, x = int8_rows("w", w), inputs(96, 96, device)[0]
+        expected = (quantized["w"].float() * quantized["w_scale"]) @ x.float()
+        got = gemv(config)(quantized["w"], x, s=quantized["w_scale"]).float()
+        if (error := ((got - expected).norm() / expected.norm()).item()) > 1e-2:
+            raise SystemExit(f"int8 rows ({config}): relative error {error:.3g}")
+    print("int8 rows agree with their reference", flush=True)
 
 
 def streamed(n: int, k: int) -> list[torch.Tensor]:
@@ -253,7 +270,8 @@ def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: to
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next (`glu=False`: as it called them before, SiLU(gate) * up
     computed by every program of `down`); the attention's output stands in
-    for q's (its kernels are not probed)."""
+    for q's (its kernels are not probed). A layer's `<name>_scale` makes
+    its weight int8 rows (int8_wo's layers; the lm_head stays bf16)."""
     normed, added = (
         gemv(config, NORM, pdl=pdl, prefetch=prefetch),
         gemv(config, residual=True, pdl=pdl, prefetch=prefetch),
@@ -262,15 +280,22 @@ def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: to
     glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch)
     h = x
     for w in weights:
-        qkv = normed(w["qkv"], h, norm)
-        h = added(w["o"], qkv[: h.shape[0]], None, h)
+        scale = {name: w.get(f"{name}_scale") for name in ("qkv", "o", "gate_up", "down")}
+        qkv = normed(w["qkv"], h, norm, s=scale["qkv"])
+        h = added(w["o"], qkv[: h.shape[0]], None, h, s=scale["o"])
         if glu:
-            h = added(w["down"], glu_up(w["gate_up"], h, norm), None, h)
+            h = added(w["down"], glu_up(w["gate_up"], h, norm, s=scale["gate_up"]), None, h, s=scale["down"])
         else:
-            gate_up = normed(w["gate_up"], h, norm)
+            gate_up = normed(w["gate_up"], h, norm, s=scale["gate_up"])
             half = gate_up.shape[0] // 2
-            h = gated(w["down"], gate_up[:half], gate_up[half:], h)
+            h = gated(w["down"], gate_up[:half], gate_up[half:], h, s=scale["down"])
     return normed(head, h, norm)
+
+
+def int8_rows(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`w` as int8_wo quantizes it: int8 rows and one fp32 scale a row (symmetric), under `name` and `<name>_scale`."""
+    scale = w.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
+    return {name: (w.float() / scale).round().clamp(-127, 127).to(torch.int8), f"{name}_scale": scale}
 
 
 def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[list[str]], bool]:
@@ -292,14 +317,19 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
         LAUNCH_THEN_WAIT: "PDL: launch the next, then wait",
     }
     other = 3 - PREFETCH  # the tiles before the wait the kernel does not ship with (1 or 2)
-    chains = {(SHIPPED, True, PREFETCH): "", (SHIPPED, False, PREFETCH): ", SiLU * up in down (before)",
-              (SHIPPED, True, other): f", {other} K step{'s' if other > 1 else ''} loaded before the wait"}  # fmt: skip
-    chains |= {(config, True, PREFETCH): "" for config in configs if config != SHIPPED}
+    early = f", {other} K step{'s' if other > 1 else ''} loaded before the wait"
+    chains = {(SHIPPED, True, PREFETCH, False): "", (SHIPPED, False, PREFETCH, False): ", SiLU * up in down (before)",
+              (SHIPPED, True, other, False): early}  # fmt: skip
+    chains |= {(config, True, PREFETCH, False): "" for config in configs if config != SHIPPED}
+    # int8_wo's layers: half the bytes a K step, so also steps of twice the K
+    chains |= {(config, True, PREFETCH, True): ", int8 rows (int8_wo)" for config in (SHIPPED, *INT8_CONFIGS)}
+    int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
     rows, outputs, base = [], [], 0.0
-    for (config, glu, ahead), how in chains.items():
+    for (config, glu, ahead, quantized), how in chains.items():
+        chosen = int8 if quantized else weights
         for pdl, name in modes.items():
-            outputs.append(gemv_chain(weights, head, x, norm, pdl, config, glu, ahead))  # compiled, its output kept
-            chain = lambda _, p=pdl, c=config, g=glu, a=ahead: gemv_chain(weights, head, x, norm, p, c, g, a)  # noqa: E731
+            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead))  # compiled, its output kept
+            chain = lambda _, p=pdl, c=config, g=glu, a=ahead, w=chosen: gemv_chain(w, head, x, norm, p, c, g, a)  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us
             rows.append([f"{config}{how}", name, f"{us / 1000:.4f}", f"{us / base:.3f}"])

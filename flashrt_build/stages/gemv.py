@@ -9,10 +9,13 @@ bytes 8-25% faster on every Llama-3.2-1B decode shape on an H100
 keeps it as one operator, and AOTInductor compiles its Triton source into
 the package, which loads and runs without Python like any other.
 
-Only float weights on a CUDA device take it, only while exporting (the eager
-reference that verifies the package keeps cuBLAS's matmul), and only where
-the call has one row (a static decode step); every other call of the layer
-(prefill, a batch) stays `linear`.
+Float weights on a CUDA device take it, and int8 ones as torchao's
+`Int8WeightOnlyConfig` makes them (int8 rows, one fp32 scale a row: the
+kernel reads the int8 bytes and scales each row's sum, where Inductor's
+code for them ran a reduction kernel of its own a layer). Only while
+exporting (the eager reference that verifies the package keeps its own
+matmul), and only where the call has one row (a static decode step); every
+other call of the layer (prefill, a batch) stays `linear`.
 
 The same kernel, with a prologue on its input and a residual added to its
 output, is `flashrt::gemv_fused`: the `gemv_fusion` pass (gemv_fusion.py)
@@ -27,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..config.spec import BuildSpec
 from .exporting import is_exporting
@@ -38,9 +42,11 @@ BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every 
 # every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
 EVICT, STAGES = True, 1
 # Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
-# (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both. Not yet on a GPU: 1.
+# (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both: the same on an H100
+# (0.8872 ms a chain against 0.8850, bench/results/gemv_pdl_probe_prefetch_h100.md), so 1.
 PREFETCH = 1
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+INT8_WO = "Int8WeightOnlyConfig"  # the torchao config whose weights the kernel reads as they are (no args: per row)
 NONE, NORM, GATED = 0, 1, 2  # the kernel's prologue on x: none, RMSNorm(x) * v, SiLU(x) * v (gemv_fusion.py)
 
 
@@ -53,7 +59,7 @@ def launch_rows(n: int, block_n: int, glu: bool) -> tuple[int, int]:
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     v: torch.Tensor | None = None, residual: torch.Tensor | None = None, eps: float = 0.0, prologue: int = NONE,
-    glu: bool = False,
+    glu: bool = False, scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     import triton
     from torch.library import wrap_triton
@@ -62,12 +68,13 @@ def _launch(
 
     n, k = weight.shape
     n, block_n = launch_rows(n, BLOCK_N, glu)
-    out = x.new_empty((*x.shape[:-1], n))
+    out = x.new_empty((*x.shape[:-1], n))  # x's dtype: an int8 weight's output is the activations'
     x = x.contiguous()
     wrap_triton(flashrt_pdl_gemv)[(triton.cdiv(n, block_n),)](
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
-        out if residual is None else residual.contiguous(), out, n, k, eps,
-        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVICT=EVICT,
+        out if residual is None else residual.contiguous(), out, out if scale is None else scale.contiguous(), n, k,
+        eps, PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        HAS_SCALE=scale is not None, EVICT=EVICT,
         PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), GLU=glu,
         PREFETCH=PREFETCH, num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
@@ -76,13 +83,16 @@ def _launch(
 
 @functools.cache
 def gemv_op() -> Any:
-    """`torch.ops.flashrt.gemv(x, weight, bias)`: `linear` for an input of one
-    row, defined on first use (it needs Triton)."""
+    """`torch.ops.flashrt.gemv(x, weight, bias, scale=None)`: `linear` for an
+    input of one row, defined on first use (it needs Triton); with `scale`
+    the weight is int8, row n's weights `weight[n] * scale[n]`."""
     from torch.library import triton_op
 
     @triton_op("flashrt::gemv", mutates_args=())
-    def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _launch(x, weight, bias)
+    def gemv(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return _launch(x, weight, bias, scale=scale)
 
     return torch.ops.flashrt.gemv.default
 
@@ -90,19 +100,19 @@ def gemv_op() -> Any:
 @functools.cache
 def gemv_fused_op() -> Any:
     """`torch.ops.flashrt.gemv_fused(x, weight, bias, v, residual, eps,
-    prologue, glu=False)`: the GEMV with its neighbours in one kernel
-    (gemv_fusion.py): `linear(p(x), weight, bias) + residual`, p by
+    prologue, glu=False, scale=None)`: the GEMV with its neighbours in one
+    kernel (gemv_fusion.py): `linear(p(x), weight, bias) + residual`, p by
     `prologue` (NONE, NORM: RMSNorm(x) * v with `eps`, GATED: SiLU(x) * v);
     with `glu` the weight's rows are gate's then up's, and the kernel
-    returns SiLU(gate) * up."""
+    returns SiLU(gate) * up; `scale`: an int8 weight's, as `gemv`'s."""
     from torch.library import triton_op
 
     @triton_op("flashrt::gemv_fused", mutates_args=())
     def gemv_fused(
         x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v: torch.Tensor | None,
-        residual: torch.Tensor | None, eps: float, prologue: int, glu: bool = False,
+        residual: torch.Tensor | None, eps: float, prologue: int, glu: bool = False, scale: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        return _launch(x, weight, bias, v, residual, eps, prologue, glu)
+        return _launch(x, weight, bias, v, residual, eps, prologue, glu, scale)
 
     return torch.ops.flashrt.gemv_fused.default
 
@@ -114,18 +124,39 @@ def gemv_forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     # prompt) stays a GEMM, which its other sizes need. (The device was
     # decided once, by `use_gemv`: only a CUDA layer gets this forward.)
     if is_exporting() and type(rows) is int and rows == 1:
-        return gemv_op()(x, layer.weight, layer.bias)
+        weight = layer.weight  # a quantized one is built anew from its parts at each read
+        if (int8 := int8_rows(weight)) is not None:
+            return gemv_op()(x, int8[0], layer.bias, int8[1])
+        if not is_traceable_wrapper_subclass(weight):  # float
+            return gemv_op()(x, weight, layer.bias)
     return nn.functional.linear(x, layer.weight, layer.bias)
 
 
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 rows, their scales) of torchao's int8 weight-only tensor with a
+    scale a row, whose linear is `x @ rows.T * scales` (zero points unused:
+    symmetric); None for any other weight."""
+    if not hasattr(weight, "qdata"):
+        return None
+    from torchao.quantization import Int8Tensor
+
+    if not isinstance(weight, Int8Tensor) or weight.act_quant_kwargs is not None or weight.act_pre_scale is not None:
+        return None
+    n, k = weight.qdata.shape
+    if list(weight.block_size) != [1, k] or weight.scale.numel() != n:
+        return None
+    return weight.qdata, weight.scale
+
+
 def takes_gemv(name: str, layer: nn.Linear, spec: BuildSpec) -> bool:
-    """Float weights, contiguous, that no `quant` rule quantizes (a fused
-    layer decided by its members' names, as the quantize stage decides it)."""
+    """Float weights, contiguous, that no `quant` rule quantizes or one
+    quantizes with `Int8WeightOnlyConfig` as it is (a fused layer decided by
+    its members' names, as the quantize stage decides it)."""
     weight = layer.weight
     if type(weight) is not nn.Parameter or weight.dtype not in FLOATS or not weight.is_contiguous():
         return False
     rule = spec.quant.rule_for(members(name, layer)[0]) if spec.quant is not None else None
-    return rule is None or rule.keeps_float
+    return rule is None or rule.keeps_float or (rule.config == INT8_WO and not rule.args)
 
 
 def use_gemv(module: nn.Module, spec: BuildSpec) -> list[str]:

@@ -48,7 +48,7 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
     counts: Counter[str] = Counter()
     gemvs = [node for node in graph.nodes if calls_op(node, "flashrt::gemv")]
     for node in gemvs:
-        x, weight, bias = node.args
+        (x, weight, bias), scale = node.args[:3], _scale(node)
         v, eps, prologue = None, 0.0, NONE
         if (norm := _rms_norm(_unalias(x))) is not None:
             (x, v, eps), prologue = norm, NORM
@@ -62,8 +62,9 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
         if prologue == NONE and add is None:
             continue
         last = add or node  # the residual may be computed after the GEMV: the fused call stands where the add was
+        args = _fused_args((x, weight, bias, v, residual, eps, prologue), scale)
         with graph.inserting_before(last):
-            fused = graph.call_function(gemv_fused_op(), (x, weight, bias, v, residual, eps, prologue))
+            fused = graph.call_function(gemv_fused_op(), args)
         fused.meta = {**node.meta, "val": last.meta["val"]}
         last.replace_all_uses_with(fused)
         _renamed_output(program, last.name, fused.name)
@@ -75,6 +76,19 @@ def fuse_gemv_neighbours(program: torch.export.ExportedProgram) -> Counter[str]:
         drop_unused(graph)
         program.graph_module.recompile()
     return counts
+
+
+def _scale(gemv: fx.Node) -> Any:
+    """An int8 weight's scales in a `gemv` or `gemv_fused` call (their last argument), or None."""
+    at = 3 if calls_op(gemv, "flashrt::gemv") else 8
+    return gemv.args[at] if len(gemv.args) > at else gemv.kwargs.get("scale")
+
+
+def _fused_args(args: tuple[Any, ...], scale: Any, glu: bool = False) -> tuple[Any, ...]:
+    """`gemv_fused`'s arguments: `args` (x, weight, bias, v, residual, eps,
+    prologue), then glu and the scales only where they are not their
+    defaults (a float weight's call as it was before int8 weights took it)."""
+    return (*args, glu, scale) if scale is not None else (*args, True) if glu else args
 
 
 def _renamed_output(program: torch.export.ExportedProgram, old: str, new: str) -> None:
@@ -164,14 +178,14 @@ def _glu(program: torch.export.ExportedProgram, x: fx.Node, gate: fx.Node, up: f
     if len(gate.users) != 1 or len(up.users) != 1 or len(both.users) != 1:
         return None
     if calls_op(both, "flashrt::gemv"):
-        args = (*both.args, None, None, 0.0, NONE)
-    elif calls_op(both, "flashrt::gemv_fused") and both.args[4] is None and not both.args[7:]:
-        args = both.args
+        args = (*both.args[:3], None, None, 0.0, NONE)
+    elif calls_op(both, "flashrt::gemv_fused") and both.args[4] is None and not (both.args[7:] and both.args[7]):
+        args = both.args[:7]
     else:
         return None
     graph = program.graph
     with graph.inserting_before(x):
-        glu = graph.call_function(gemv_fused_op(), (*args[:7], True))
+        glu = graph.call_function(gemv_fused_op(), _fused_args(args, _scale(both), glu=True))
     glu.meta = {**both.meta, "val": x.meta["val"]}
     x.replace_all_uses_with(glu)
     _renamed_output(program, x.name, glu.name)

@@ -47,10 +47,14 @@ def weight_tile(rows, cols, in_rows, K, EVICT: tl.constexpr):
 
 
 @triton.jit
-def row_sums(acc, squares, b_ptr, rows, N, K, eps, NORMED: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """A tile of products summed by row, scaled by RMSNorm's rsqrt(mean(x^2)
-    + eps) where NORMED (`squares` holds x^2), plus the bias."""
+def row_sums(acc, squares, b_ptr, s_ptr, rows, N, K, eps, NORMED: tl.constexpr, HAS_BIAS: tl.constexpr,
+             HAS_SCALE: tl.constexpr):  # fmt: skip
+    """A tile of products summed by row, times each row's scale where
+    HAS_SCALE (int8 weights), scaled by RMSNorm's rsqrt(mean(x^2) + eps)
+    where NORMED (`squares` holds x^2), plus the bias."""
     y = tl.sum(acc, axis=1)
+    if HAS_SCALE:
+        y = y * tl.load(s_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
     if NORMED:  # eps arrives as fp64 from AOTInductor: the scale stays fp32
         y = y * tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
     if HAS_BIAS:
@@ -60,17 +64,17 @@ def row_sums(acc, squares, b_ptr, rows, N, K, eps, NORMED: tl.constexpr, HAS_BIA
 
 @triton.jit
 def flashrt_pdl_gemv(
-    w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, N, K, eps,
-    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, s_ptr, N, K, eps,
+    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    """y[n] = sum_k w[n, k] p(x)[k] (+ b[n]) (+ r[n]): BLOCK_N rows a
-    program, K in BLOCK_K steps, summed in fp32. The prologue p: x as
-    it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
-    anyway and scales its sums once at the end), or SiLU(x) * v. GLU: w
-    holds 2N rows, gate's then up's, and y[n] = SiLU(gate[n]) * up[n] (a
-    program sums its gate rows and the up rows N below them).
+    """y[n] = sum_k w[n, k] p(x)[k] (* s[n]: HAS_SCALE, w int8) (+ b[n]) (+ r[n]):
+    BLOCK_N rows a program, K in BLOCK_K steps, summed in fp32. The prologue p:
+    x as it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
+    anyway and scales its sums once at the end), or SiLU(x) * v. GLU: w holds
+    2N rows, gate's then up's, and y[n] = SiLU(gate[n]) * up[n] (a program
+    sums its gate rows and the up rows N below them).
 
     The first weight tile (PREFETCH=2: the first two, then each step
     loads the tile after the next) is loaded before the program waits on
@@ -112,9 +116,10 @@ def flashrt_pdl_gemv(
         acc += w.to(tl.float32) * x[None, :]
         if GLU:
             acc_up += u.to(tl.float32) * x[None, :]
-    y = row_sums(acc, squares, b_ptr, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS)
+    y = row_sums(acc, squares, b_ptr, s_ptr, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS, HAS_SCALE)
     if GLU:  # SiLU(gate) * up
-        y = y * tl.sigmoid(y) * row_sums(acc_up, squares, b_ptr + N, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS)
+        up = row_sums(acc_up, squares, b_ptr + N, s_ptr + N, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS, HAS_SCALE)
+        y = y * tl.sigmoid(y) * up
     if HAS_RESIDUAL:
         y += tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)

@@ -5,6 +5,7 @@ prompt keeps its GEMMs, and a CPU target takes no layer."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import subprocess
 import sys
@@ -51,24 +52,31 @@ def test_the_gemv_kernel_sums_as_linear_does_in_the_triton_interpreter() -> None
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
-def test_the_layers_a_quant_rule_keeps_float_take_it_a_fused_one_by_its_members_names(
+def test_the_layers_a_quant_rule_keeps_float_or_int8_per_row_take_it_a_fused_one_by_its_members_names(
     llama: tuple[Path, Path],  # noqa: F811
 ) -> None:
     """Decided as the quantize stage decides them: `*self_attn.?_proj`
-    quantizes o_proj and the fused q/k/v layer (whose own name it does not
-    match), `*` keeps the rest."""
+    quantizes q, k, v and o with one scale a tensor (not the kernel's),
+    `*down_proj` int8 with a scale a row (the kernel's), `*` keeps the rest
+    (the fused gate/up layer by its members' names, which `*` matches)."""
     model_dir, root = llama
-    rules = "[{pattern: '*self_attn.?_proj', config: Int8WeightOnlyConfig}, {pattern: '*', config: skip}]"
+    rules = (
+        "[{pattern: '*self_attn.?_proj', config: Int8WeightOnlyConfig, args: {granularity: per_tensor}}, "
+        "{pattern: '*down_proj', config: Int8WeightOnlyConfig}, {pattern: '*', config: skip}]"
+    )
     plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "quant=int8_wo", f"quant.rules={rules}")))
     module = instantiate_stage(plan.spec, plan.digests).value
     passes_stage(module, plan.spec)
     linears = {name: m for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
     taken = sorted(name for name, layer in linears.items() if takes_gemv(name, layer, plan.spec))
-    assert taken == sorted(name for name in linears if not name.endswith(("q_proj__k_proj__v_proj", "o_proj")))
-    assert len(taken) == LAYERS - 2 * 2
-    # int8_wo's own rules: all but the lm_head quantized
-    plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "quant=int8_wo")))
-    assert [name for name, layer in linears.items() if takes_gemv(name, layer, plan.spec)] == ["lm_head"]
+    # q, k and v stay apart (fused, one scale would stand for three tensors' values: fuse_projections keeps them)
+    assert taken == sorted(name for name in linears if not fnmatch.fnmatchcase(name, "*self_attn.?_proj"))
+    assert len(taken) == 2 * 2 + 1  # each layer's gate/up and down, the lm_head
+    # int8_wo's own rules: every layer, the lm_head float, the rest int8 rows; int8_dq_prefill's too (its
+    # decode is int8_wo's: prefill's int8 activations are its many-row calls', which take no GEMV)
+    for recipe in ("int8_wo", "int8_dq_prefill"):
+        plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", f"quant={recipe}")))
+        assert [name for name, layer in linears.items() if takes_gemv(name, layer, plan.spec)] == list(linears)
 
 
 @pytest.mark.gpu
@@ -88,3 +96,13 @@ def test_a_cuda_decode_graph_calls_the_gemv_for_each_float_layer_and_prefill_non
     # the layers a `quant` rule quantizes keep their own kernels: int8_wo skips the lm_head alone
     plan, exported = exported_after_passes(model_dir, root, *fusion, "quant=int8_wo")
     assert triton_calls(next(e for e in exported if e.method.name == "decode").program)["flashrt::gemv_fused"] == 1
+
+
+def test_the_gemv_probe_launches_the_kernel_as_it_is_now() -> None:
+    """The GPU probe (bench/gemv_fusion_probe.py) calls the kernel itself: its
+    numerics check, in Triton's interpreter, fails if the kernel's arguments
+    moved on without it (a GPU session would find out only when it ran)."""
+    probe = Path(__file__).resolve().parents[2] / "bench" / "gemv_fusion_probe.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(probe), "--check"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "int8 rows agree with their reference" in done.stdout, done.stderr[-3000:]
