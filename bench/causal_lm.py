@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from report import RESULTS, build_root, cli_build, publish, table  # noqa: E402
+from report import RESULTS, BuildFailed, build_root, cli_build, publish, table  # noqa: E402
 from serve_llm import cpp_generate_tool, profile_step, sync, timed  # noqa: E402
 
 import flashrt_build  # noqa: E402
@@ -92,20 +92,29 @@ def main() -> None:
 
         def build(label: str) -> dict[str, Any]:
             more = variants[label]
-            out, manifest, build_s = cli_build([*overrides, *more], Path(root) / "out" / label.replace("=", "-"))
+            try:
+                out, manifest, build_s = cli_build([*overrides, *more], Path(root) / "out" / label.replace("=", "-"))
+            except BuildFailed as failed:  # the others are still measured; this one is reported as failed
+                return {"failed": str(failed), "overrides": more}
             compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
             passes = {k: v for k, v in manifest.get("passes", {}).items() if k != "fuse_projections"}  # what each did
             return {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more, "passes": passes}
 
         # Each build is its own CLI process: --jobs of them compile side by side, their build seconds sharing the CPU.
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            builds = dict(zip(variants, pool.map(build, variants), strict=True))
+            built = dict(zip(variants, pool.map(build, variants), strict=True))
+        builds = {name: b for name, b in built.items() if "failed" not in b}
+        failed = {name: b for name, b in built.items() if "failed" in b}
+        if not builds:
+            raise SystemExit("every build failed: " + "; ".join(f"{n}: {b['failed']}" for n, b in failed.items()))
         results = measure(args, directory, builds, device, dtype)
-        results["builds"] = {name: {k: v for k, v in b.items() if k != "out"} for name, b in builds.items()}
+        results["builds"] = {name: {k: v for k, v in b.items() if k != "out"} for name, b in built.items()}
         command = "python bench/causal_lm.py " + " ".join(sys.argv[1:])
         (RESULTS / f"{args.out_name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
         publish(RESULTS / f"{args.out_name}.md", "causal_lm against transformers + reduce-overhead", command,
                 report(results, args))  # fmt: skip
+        if failed:  # the figures of the others are published; the run still says it failed
+            raise SystemExit(f"{len(failed)} of {len(built)} builds failed: {', '.join(failed)}")
 
 
 def save_model(directory: Path, size: str, dtype: torch.dtype) -> Path:
@@ -272,8 +281,9 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     if args.jobs > 1:
         text += f"\n\nBuilt {args.jobs} at a time: each build's seconds shared the CPU with the others'."
     for name, build in results.get("builds", {}).items():
-        text += f"\n\nBuild {name} (`{' '.join(build['overrides'])}`): {build['build_s']:.0f} s"
-        text += f" (compile: {build['compile_s']})"
+        text += f"\n\nBuild {name} (`{' '.join(build['overrides'])}`): "
+        text += (f"**failed**: {build['failed']}" if "failed" in build else
+                 f"{build['build_s']:.0f} s (compile: {build['compile_s']})")  # fmt: skip
     for name, profile in (results.get("decode_profile") or {}).items():
         if profile:
             text += f"\n\n{name}: {profile['kernels']} kernels in a plain decode step, "
