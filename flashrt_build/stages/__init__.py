@@ -16,6 +16,7 @@ its manifest sections and its log note.
     inputs.py           seeded example inputs and torch.export dynamic shapes
     export.py           torch.export: one graph per method or an error naming the cause
     exporting.py        whether a trace is running (is_exporting): model code and the decode passes ask it
+    rewrites.py         the passes that rewrite the exported graph, in one table (switch, rewrite, log words)
     gemv_fusion.py      the gemv_fusion pass: the norm, SiLU gate and residual add around a GEMV in its kernel
     rotary_fusion.py    the rotary_fusion pass: the query's rotary embedding in the decode attention kernel
     graph_match.py      what those rewrites share to read an exported graph

@@ -31,15 +31,13 @@ from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
 from .custom_ops import resolve_custom_ops, triton_calls
-from .decode_attention import share_masks
 from .exporting import exporting
 from .exporting import is_exporting as is_exporting  # where it was first: flashrt_build.stages.export.is_exporting
-from .gemv_fusion import FUSED, fuse_gemv_neighbours
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
 from .int8_matmul import pad_int8_matmuls
 from .progress import Stage
 from .quantize import MethodWeights, swapped_weights
-from .rotary_fusion import fuse_rotary
+from .rewrites import enabled_rewrites, rewrites_note
 from .weights import quantized_parts
 
 log = logging.getLogger(__name__)
@@ -156,9 +154,8 @@ def export_stage(
     decomposed: list[str] = []
     libraries: dict[str, list[str]] = {}
     padded = 0
-    fused: dict[str, dict[str, int]] = {}  # the gemv_fusion pass's rewrites, by method
-    rotated: dict[str, dict[str, int]] = {}  # the rotary_fusion pass's
-    shared: dict[str, dict[str, int]] = {}  # the decode_attention pass's
+    rewrites = enabled_rewrites(spec)
+    done: dict[str, dict[str, dict[str, int]]] = {rewrite.name: {} for rewrite in rewrites}  # by pass, by method
     for method in spec.methods:
         example = make_inputs(spec, method=method)
         with swapped_weights(module, (method_weights or {}).get(method.name, {})):
@@ -168,12 +165,9 @@ def export_stage(
         one.program, python, compiled = resolve_custom_ops(one.program, spec.target, method.label)
         one.program, count = pad_int8_matmuls(one.program, spec.device)
         padded += count
-        if spec.gemv_fusion and (counts := fuse_gemv_neighbours(one.program)):
-            fused[method.name] = {what: counts[what] for what in FUSED}
-        if spec.rotary_fusion and (queries := fuse_rotary(one.program)):
-            rotated[method.name] = {"queries": queries}
-        if spec.decode_attention and (masks := share_masks(one.program)):
-            shared[method.name] = {"masks_shared": masks}
+        for rewrite in rewrites:
+            if took := rewrite.run(one.program):
+                done[rewrite.name][method.name] = took
         decomposed += [op for op in python if op not in decomposed]
         for path, ops in compiled.items():
             libraries.setdefault(path, []).extend(op for op in ops if op not in libraries.get(path, []))
@@ -188,16 +182,11 @@ def export_stage(
         note += f"; decomposed {', '.join(decomposed)} (Python-only custom operators)"
     if padded:
         note += f"; {padded} int8 matmuls given 16 rows more (cuBLAS takes more than 16)"
-    for name, took in fused.items():
-        note += f"; {name}: fused into GEMVs " + ", ".join(f"{count} {what}" for what, count in took.items())
-    for name, took in rotated.items():
-        note += f"; {name}: {took['queries']} queries rotated in the attention kernel"
-    for name, took in shared.items():
-        note += f"; {name}: {took['masks_shared']} attention calls take an earlier call's mask"
-    rewrites = {"gemv_fusion": {"methods": fused}} if spec.gemv_fusion else {}  # the manifest's passes.*: theirs
-    rewrites |= {"rotary_fusion": {"methods": rotated}} if spec.rotary_fusion else {}
-    rewrites |= {"decode_attention": {"methods": shared}} if spec.decode_attention else {}
-    sections = {"libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()], "rewrites": rewrites}
+    note += rewrites_note(done)
+    sections = {
+        "libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()],
+        "rewrites": {name: {"methods": by_method} for name, by_method in done.items()},  # the manifest's passes.*
+    }
     return Stage(exported, note, {k: v for k, v in sections.items() if v})
 
 
