@@ -65,14 +65,12 @@ def computes_as_torch(device: str) -> None:
     )
 
 
-def test_the_kernel_reads_int8_rows_and_their_scales_in_the_triton_interpreter() -> None:
-    computes_as_torch("cpu")
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_compiled_kernel_reads_int8_rows_and_their_scales() -> None:
-    computes_as_torch("cuda")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])  # the interpreter; compiled
+def test_the_kernel_reads_int8_rows_and_their_scales(device: str) -> None:
+    computes_as_torch(device)
 
 
 def test_an_int8_decode_graph_reads_its_int8_weights_in_gemvs_and_gives_the_quantized_modules_logits(
