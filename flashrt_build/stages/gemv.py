@@ -152,19 +152,27 @@ def takes_gemv(name: str, layer: nn.Linear, spec: BuildSpec) -> bool:
     """Float weights, contiguous, that no `quant` rule quantizes or one
     quantizes with `Int8WeightOnlyConfig` as it is (a fused layer decided by
     its members' names, as the quantize stage decides it)."""
+    return gemv_weights(name, layer, spec) is not None
+
+
+def gemv_weights(name: str, layer: nn.Linear, spec: BuildSpec) -> str | None:
+    """What the GEMV will read of the layer (`takes_gemv`): "float" or "int8" rows; None: it takes none."""
     weight = layer.weight
     if type(weight) is not nn.Parameter or weight.dtype not in FLOATS or not weight.is_contiguous():
-        return False
+        return None
     rule = spec.quant.rule_for(members(name, layer)[0]) if spec.quant is not None else None
-    return rule is None or rule.keeps_float or (rule.config == INT8_WO and not rule.args)
+    if rule is None or rule.keeps_float:
+        return "float"
+    return "int8" if rule.config == INT8_WO and not rule.args else None
 
 
-def use_gemv(module: nn.Module, spec: BuildSpec) -> list[str]:
+def use_gemv(module: nn.Module, spec: BuildSpec) -> dict[str, str]:
     """Give the linear layers on a CUDA device that `takes_gemv` the GEMV for
-    their one-row calls; their FQNs."""
-    layers = []
+    their one-row calls; what it reads of each ("float", "int8"), by FQN."""
+    layers = {}
     for name, layer in module.named_modules():
-        if isinstance(layer, nn.Linear) and layer.weight.device.type == "cuda" and takes_gemv(name, layer, spec):
-            layer.forward = types.MethodType(gemv_forward, layer)  # type: ignore[method-assign]  # this layer only
-            layers.append(name)
+        cuda = isinstance(layer, nn.Linear) and layer.weight.device.type == "cuda"
+        if cuda and (reads := gemv_weights(name, layer, spec)) is not None:
+            layer.forward = types.MethodType(gemv_forward, layer)  # this layer only
+            layers[name] = reads
     return layers

@@ -94,9 +94,11 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         section["grouped_attention"] = {"models": switched}
     if spec.gemv:  # after fusing: the fused layers take it
         layers = use_gemv(module, spec)
-        notes.append(f"gemv: {len(layers)} linear layers, for their one-row calls" if layers else
+        int8 = sum(reads == "int8" for reads in layers.values())
+        notes.append(f"gemv: {len(layers)} linear layers{f' ({int8} of int8 rows)' if int8 else ''}, for their "
+                     "one-row calls" if layers else
                      f"gemv: no float linear layer on a CUDA device (target.device={spec.device})")  # fmt: skip
-        section["gemv"] = {"layers": len(layers)}
+        section["gemv"] = {"layers": len(layers), "int8_layers": int8}
     if spec.gemv_fusion:  # the export stage rewrites the graphs and records what it fused (gemv_fusion.py): a note
         why = "passes.gemv=false" if not spec.gemv else f"target.device={spec.device}"
         cuda_gemv = spec.gemv and spec.device.startswith("cuda")

@@ -139,7 +139,7 @@ def test_the_llm_passes_on_a_gpu_give_the_same_tokens(
     )
     assert passes.manifest["verification"]["passed"] and passes.manifest["passes"]["grouped_attention"]["models"] == 1
     # per layer the fused q/k/v, o, the fused gate/up and down; then the lm_head
-    assert passes.manifest["passes"]["gemv"] == {"layers": 2 * 4 + 1}
+    assert passes.manifest["passes"]["gemv"] == {"layers": 2 * 4 + 1, "int8_layers": 0}
     fused = {"norms": 2 * 2 + 1, "gates": 2, "residuals": 2 * 2}  # the llama family's 2 layers and its final norm
     assert passes.manifest["passes"]["gemv_fusion"] == {"methods": {"decode": fused}}
     # the second layer's attention takes the first's mask: one kernel computes it, not one a layer

@@ -61,7 +61,7 @@ def test_on_a_cpu_target_the_decode_kernels_of_llm_take_nothing_and_say_why(llam
     plan = make_plan(compose(llm_overrides(model_dir, root, "passes=llm", "passes.rotary_fusion=true")))
     module = instantiate_stage(plan.spec, plan.digests).value
     stage = passes_stage(module, plan.spec)
-    assert stage.sections["passes"]["gemv"] == {"layers": 0}
+    assert stage.sections["passes"]["gemv"] == {"layers": 0, "int8_layers": 0}
     assert stage.sections["passes"]["decode_attention"] == {"models": 0}
     assert stage.sections["passes"]["combo_kernels"] == {"methods": []}
     assert "gemv_fusion" not in stage.sections["passes"]  # the export stage's record: what it rewrote
