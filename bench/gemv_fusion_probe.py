@@ -25,8 +25,8 @@ at the decode step's shapes:
    launch wider K steps (`--pdl-configs`): the GEMV loads its first step's
    weights before it waits, so a wider step streams more of them under the
    previous kernel's tail. Then the chain on int8 rows and their scales, as
-   `quant=int8_wo`'s layers call the kernel (the lm_head bf16), at the
-   shipped launch and at wider K steps (INT8_CONFIGS).
+   `quant=int8_wo`'s layers call the kernel (the lm_head bf16), at its
+   shipped launch (gemv.INT8_BLOCK_K) and beside it (INT8_CONFIGS).
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
@@ -59,6 +59,7 @@ from flashrt_build.stages.gemv import (  # noqa: E402
     BLOCK_N,
     EVICT,
     GATED,
+    INT8_BLOCK_K,
     NONE,
     NORM,
     PREFETCH,
@@ -71,8 +72,9 @@ from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
 SHIPPED = (BLOCK_N, BLOCK_K, WARPS, STAGES, EVICT)
-# the int8 chain's launches beside the shipped one: a K step of the same bytes (2048 int8), more rows a program
-INT8_CONFIGS = [(2, 2048, 4, 1, True), (2, 2048, 8, 1, True), (4, 1024, 4, 1, True)]
+# int8 rows' launch (K steps of bf16's bytes), and the int8 chain's others: bf16's K step, more warps or rows
+INT8_SHIPPED = (BLOCK_N, INT8_BLOCK_K, WARPS, STAGES, EVICT)
+INT8_CONFIGS = [(2, 1024, 4, 1, True), (2, 2048, 8, 1, True), (4, 2048, 4, 1, True)]
 
 
 @triton.jit
@@ -322,7 +324,7 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
               (SHIPPED, True, other, False): early}  # fmt: skip
     chains |= {(config, True, PREFETCH, False): "" for config in configs if config != SHIPPED}
     # int8_wo's layers: half the bytes a K step, so also steps of twice the K
-    chains |= {(config, True, PREFETCH, True): ", int8 rows (int8_wo)" for config in (SHIPPED, *INT8_CONFIGS)}
+    chains |= {(config, True, PREFETCH, True): ", int8 rows (int8_wo)" for config in (INT8_SHIPPED, *INT8_CONFIGS)}
     int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
     rows, outputs, base = [], [], 0.0
     for (config, glu, ahead, quantized), how in chains.items():
@@ -402,8 +404,9 @@ def main() -> None:
     chain, same = pdl_chain(args.layers, 10 * args.replays, args.pdl_configs)
     pdl_body = (
         f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, "
-        f"{4 * args.layers + 1} GEMVs a step, the shipped launch {SHIPPED} (block_n, block_k, warps, stages, "
-        f"evict_first); PDL gave {'the same bits as plain launches' if same else 'DIFFERENT OUTPUTS'}\n\n"
+        f"{4 * args.layers + 1} GEMVs a step, the shipped launch {SHIPPED} (int8 rows: {INT8_SHIPPED}) "
+        "(block_n, block_k, warps, stages, evict_first); "
+        f"PDL gave {'the same bits as plain launches' if same else 'DIFFERENT OUTPUTS'}\n\n"
         + table(["launch", "GEMV chain", "ms a step", "against the shipped plain chain"], chain, "llrr")
     )
     if args.pdl_only:

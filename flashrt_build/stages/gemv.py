@@ -41,6 +41,9 @@ BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every 
 # Weights loaded evict-first (read once a step: L2 is left to x) without software pipelining: 2-4% off
 # every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
 EVICT, STAGES = True, 1
+# int8 rows: K steps of the same bytes as bf16's (each thread still loads 16 bytes a row, as PTX for sm_90 shows);
+# not yet timed: bench/gemv_fusion_probe.py --pdl-only times the int8 chain at 1024 and 2048
+INT8_BLOCK_K = 2 * BLOCK_K
 # Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
 # (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both: the same on an H100
 # (0.8872 ms a chain against 0.8850, bench/results/gemv_pdl_probe_prefetch_h100.md), so 1.
@@ -68,14 +71,14 @@ def _launch(
 
     n, k = weight.shape
     n, block_n = launch_rows(n, BLOCK_N, glu)
+    block_k = min(BLOCK_K if scale is None else INT8_BLOCK_K, triton.next_power_of_2(k))
     out = x.new_empty((*x.shape[:-1], n))  # x's dtype: an int8 weight's output is the activations'
     x = x.contiguous()
     wrap_triton(flashrt_pdl_gemv)[(triton.cdiv(n, block_n),)](
         weight, x, x if v is None else v.contiguous(), weight if bias is None else bias,
         out if residual is None else residual.contiguous(), out, out if scale is None else scale.contiguous(), n, k,
         eps, PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        HAS_SCALE=scale is not None, EVICT=EVICT,
-        PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), GLU=glu,
+        HAS_SCALE=scale is not None, EVICT=EVICT, PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=block_k, GLU=glu,
         PREFETCH=PREFETCH, num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return out
