@@ -94,9 +94,9 @@ def before_the_wait(lines: list[str]) -> list[str]:
     return lines[: waits[0]]
 
 
-GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")}
-GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, BLOCK_N=2, BLOCK_K=1024, EVICT=True, GLU=False,
-            PREFETCH=1)  # fmt: skip
+GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")} | {"s_ptr": "*fp32"}
+GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, HAS_SCALE=False, BLOCK_N=2, BLOCK_K=1024, EVICT=True,
+            GLU=False, PREFETCH=1)  # fmt: skip
 
 
 @pytest.mark.parametrize(("mode", "glu"), [(pdl.WAIT_THEN_LAUNCH, False), (pdl.LAUNCH_THEN_WAIT, False),
@@ -113,6 +113,11 @@ def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wr
     ahead = ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": mode, "GLU": glu, "PREFETCH": 2})
     early_ahead = [line for line in before_the_wait(ahead) if "ld.global" in line or "st.global" in line]
     assert len(early_ahead) == 2 * len(early) and all("ld.global.L1::evict_first" in line for line in early_ahead)
+    # int8 rows (int8_wo's layers): their tile alone before the wait too, the scales read after it
+    int8_rows = {**GEMV, "HAS_SCALE": True, "PDL": mode, "GLU": glu}
+    int8 = ptx(kernels.flashrt_pdl_gemv, {**types, "w_ptr": "*i8"}, int8_rows)
+    early_int8 = [line for line in before_the_wait(int8) if "ld.global" in line or "st.global" in line]
+    assert early_int8 and all("ld.global.L1::evict_first" in line for line in early_int8)
     (asm,) = [line for line in lines if "griddepcontrol" in line]  # one instruction each, in one asm statement
     assert asm.count("griddepcontrol.launch_dependents") == asm.count("griddepcontrol.wait") == 1
     # the next kernel may launch before this one waits (as shipped), or once it waited (the probe's other mode)
@@ -175,14 +180,16 @@ def test_torchs_mutation_analysis_reads_what_each_waiting_kernel_writes() -> Non
     shape = dict(KV_HEADS=1, GROUPS=4, G_PAD=16, D=64, D_PAD=64, SPLITS=1, PDL=True)
     strides = dict.fromkeys(("sq_b", "sk_b", "sv_b", "sm_b", "sc_b", "ss_b", "sm_l"), 1)
     strides |= dict.fromkeys(("sq_h", "sk_h", "sk_l", "sv_h", "sv_l"), 64)
-    gemv = dict(w_ptr=bf16(8, 16), x_ptr=bf16(16), v_ptr=bf16(16), b_ptr=bf16(8), r_ptr=bf16(8), y_ptr=bf16(8), N=8,
-                K=16, eps=1e-5, **{**GEMV, "BLOCK_K": 16}, PDL=True)  # fmt: skip
+    gemv = dict(w_ptr=bf16(8, 16), x_ptr=bf16(16), v_ptr=bf16(16), b_ptr=bf16(8), r_ptr=bf16(8), y_ptr=bf16(8),
+                s_ptr=fp32(8), N=8, K=16, eps=1e-5, **{**GEMV, "BLOCK_K": 16}, PDL=True)  # fmt: skip
     split = dict(q_ptr=bf16(4, 64), k_ptr=bf16(64, 64), v_ptr=bf16(64, 64), mask_ptr=torch.ones(64, dtype=torch.bool),
                  cos_ptr=bf16(64), sin_ptr=bf16(64), part_ptr=fp32(16, 64), stats_ptr=fp32(32), length=64, scale=0.125,
                  **strides, **shape, CHUNK=64, BLOCK_L=64, HAS_MASK=True, ROTARY=True)  # fmt: skip
     merge = dict(part_ptr=fp32(16, 64), stats_ptr=fp32(32), out_ptr=bf16(4, 64), so_b=1, so_h=64, **shape, S_PAD=1)
     assert written(kernels.flashrt_pdl_gemv, gemv) == ["y_ptr"]
     assert written(kernels.flashrt_pdl_gemv, {**gemv, "w_ptr": bf16(16, 16), "GLU": True}) == ["y_ptr"]
+    int8 = {"w_ptr": torch.zeros(8, 16, dtype=torch.int8), "HAS_SCALE": True}  # int8_wo's rows: the scales only read
+    assert written(kernels.flashrt_pdl_gemv, {**gemv, **int8}) == ["y_ptr"]
     assert written(kernels.flashrt_pdl_attention_split, split) == ["part_ptr", "stats_ptr"]
     assert written(kernels.flashrt_pdl_attention_merge, merge) == ["out_ptr"]
 
