@@ -2,7 +2,10 @@
 heads over 8 KV heads, 64 wide, a 1024-position cache, half of it filled):
 compiled into an AOTInductor package (the way a build compiles it; its
 error in full where it fails) and timed against SDPA with the cache copied
-per head, as transformers runs it.
+per head, as transformers runs it. Both ways the kernel can run: split and
+merge (two kernels, as shipped), and one kernel whose last program of each
+KV head merges (`counts`, a buffer the package writes in place: the
+package's kernels a call are counted, a copy of the buffer would show).
 
     CXX=g++-12 python3 bench/decode_attention_probe.py
 """
@@ -21,8 +24,14 @@ from flashrt_build.stages.decode_attention import decode_attention_op  # noqa: E
 
 
 class Attend(torch.nn.Module):
+    def __init__(self, one_kernel: bool = False) -> None:
+        super().__init__()
+        self.one_kernel = one_kernel
+        self.register_buffer("counts", torch.zeros(64, dtype=torch.int32))
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return decode_attention_op()(q, k, v, mask[:, 0, 0, :], 0.125)
+        counts = self.counts if self.one_kernel else None
+        return decode_attention_op()(q, k, v, mask[:, 0, 0, :], 0.125, None, None, counts)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -57,17 +66,28 @@ def main() -> None:
     mask[..., :513] = True
     args = (q, k, v, mask)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    eager = Attend()(*args)
-    print("eager kernel vs sdpa max diff", (eager.float() - sdpa(*args).float()).abs().max().item())
-    try:
-        program = torch.export.export(Attend(), args)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = torch._inductor.aoti_compile_and_package(program, package_path=f"{tmp}/a.pt2")
-            loaded = torch._inductor.aoti_load_package(path)
-            print("package vs eager max diff", (loaded(*args).float() - eager.float()).abs().max().item())
-    except Exception:  # noqa: BLE001 - the whole error is the point
-        traceback.print_exc()
-    print(f"kernel {timed(Attend(), *args):.2f} us, sdpa with per-head copies {timed(sdpa, *args):.2f} us")
+    for one_kernel in (False, True):
+        how = "one kernel" if one_kernel else "split + merge"
+        module = Attend(one_kernel).to(dev)
+        eager = module(*args)
+        print(how, "eager kernel vs sdpa max diff", (eager.float() - sdpa(*args).float()).abs().max().item())
+        try:
+            program = torch.export.export(module, args)
+            with tempfile.TemporaryDirectory() as tmp:
+                path = torch._inductor.aoti_compile_and_package(program, package_path=f"{tmp}/a.pt2")
+                loaded = torch._inductor.aoti_load_package(path)
+                print(how, "package vs eager max diff", (loaded(*args).float() - eager.float()).abs().max().item())
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    loaded(*args)
+                    torch.cuda.synchronize()
+                kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                print(
+                    how, f"package: {len(kernels)} kernels a call ({', '.join(kernels)}), {timed(loaded, *args):.2f} us"
+                )
+        except Exception:  # noqa: BLE001 - the whole error is the point
+            traceback.print_exc()
+        print(how, f"eager kernel {timed(module, *args):.2f} us")
+    print(f"sdpa with per-head copies {timed(sdpa, *args):.2f} us")
 
 
 if __name__ == "__main__":

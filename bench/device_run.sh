@@ -51,6 +51,8 @@ for step in "$@"; do
       cmd=("${bench[@]}" --only prefill --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_prefill_tuned_$tag
            --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
            --variant "int8_tuned:passes=llm quant=int8_wo quant.max_rel_error=1 +inductor.methods.prefill.max_autotune_gemm=true +inductor.methods.prefill.max_autotune_gemm_backends=TRITON") ;;
+    attention_probe)  # the decode attention kernel alone, split + merge against one kernel (its last program of a KV head merges), compiled into packages
+      cmd=(python3 bench/decode_attention_probe.py) ;;
     gemv)  # cuBLAS against a Triton GEMV at the decode step's shapes
       cmd=(python3 bench/gemv_probe.py --block-n 2,4,8,16 --block-k 256,512,1024 --split-k 1,2,4 --warps 4,8) ;;
     fusion)  # the GEMV's configurations on this GPU, and its neighbours (norm, SiLU, residual add) fused in

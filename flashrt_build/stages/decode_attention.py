@@ -57,19 +57,22 @@ def split_of(pairs: int, length: int) -> tuple[int, int]:
 @functools.cache
 def decode_attention_op() -> Any:
     """`torch.ops.flashrt.decode_attention(query, key, value, mask, scale,
-    cos=None, sin=None)`: query (batch, heads, 1, dim); key and value
-    (batch, kv_heads, length, dim); mask None or boolean (batch or 1,
+    cos=None, sin=None, counts=None)`: query (batch, heads, 1, dim); key and
+    value (batch, kv_heads, length, dim); mask None or boolean (batch or 1,
     length); out (batch, 1, heads, dim). With cos and sin (batch or 1, 1, 1,
-    dim) the query is rotated first: q * cos + rotate_half(q) * sin."""
+    dim) the query is rotated first: q * cos + rotate_half(q) * sin. With
+    `counts` (int32 zeros, batch * kv_heads at least, left zero after each
+    call) one kernel: each pair's last program merges its chunks
+    (triton_kernels.merge_if_last), no merge kernel after it."""
     import triton
     from torch.library import triton_op, wrap_triton
 
     from .triton_kernels import flashrt_pdl_attention_merge, flashrt_pdl_attention_split
 
-    @triton_op("flashrt::decode_attention", mutates_args=())
+    @triton_op("flashrt::decode_attention", mutates_args=("counts",))
     def decode_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,
-        cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+        cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, counts: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         batch, heads, _, dim = query.shape
         kv_heads, length = key.shape[1], key.shape[2]
@@ -83,17 +86,20 @@ def decode_attention_op() -> Any:
         rotary = cos is not None and sin is not None
         cos, sin = (query if t is None else t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
         shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits,
-                     PDL=pdl_kernels(query))  # fmt: skip
+                     S_PAD=triton.next_power_of_2(splits), PDL=pdl_kernels(query))  # fmt: skip
         wrap_triton(flashrt_pdl_attention_split)[(batch * kv_heads, splits)](
-            query, key, value, key if mask is None else mask, cos, sin, part, stats, length, scale,
+            query, key, value, key if mask is None else mask, cos, sin, part, stats,
+            stats if counts is None else counts, out, length, scale,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2),
             0 if mask is None or mask.shape[0] == 1 else mask.stride(0), 0 if mask is None else mask.stride(1),
             0 if cos.shape[0] == 1 else cos.stride(0), 0 if sin.shape[0] == 1 else sin.stride(0),
-            CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, ROTARY=rotary, num_warps=4, **shape,
+            out.stride(0), out.stride(2), CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, ROTARY=rotary,
+            MERGE=counts is not None, num_warps=4, **shape,
         )  # fmt: skip
-        merge = wrap_triton(flashrt_pdl_attention_merge)[(batch * heads,)]
-        merge(part, stats, out, out.stride(0), out.stride(2), S_PAD=triton.next_power_of_2(splits), **shape)
+        if counts is None:
+            merge = wrap_triton(flashrt_pdl_attention_merge)[(batch * heads,)]
+            merge(part, stats, out, out.stride(0), out.stride(2), **shape)
         return out
 
     return torch.ops.flashrt.decode_attention.default

@@ -4,8 +4,8 @@ the decode attention's split and merge (decode_attention.py, rotary_fusion.py).
 One module that imports Triton, imported by their ops on first use, so
 flashrt_build imports without it. AOTInductor compiles a user kernel's
 source into the package together with the module-level `@triton.jit`
-functions it calls (`step_ready`, `weight_tile`, `row_sums`), which is why
-they live at module level.
+functions it calls (`step_ready`, `weight_tile`, `row_sums`, `merged_head`,
+`merge_if_last`), which is why they live at module level.
 A kernel whose name starts `flashrt_pdl_` is one the pdl pass may launch as
 a programmatic dependent (pdl.py): each calls `step_ready` before it reads
 or writes anything another kernel of the step touches.
@@ -127,17 +127,19 @@ def flashrt_pdl_gemv(
 
 @triton.jit
 def flashrt_pdl_attention_split(
-    q_ptr, k_ptr, v_ptr, mask_ptr, cos_ptr, sin_ptr, part_ptr, stats_ptr, length, scale,
-    sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l, sc_b, ss_b,
+    q_ptr, k_ptr, v_ptr, mask_ptr, cos_ptr, sin_ptr, part_ptr, stats_ptr, count_ptr, out_ptr, length, scale,
+    sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l, sc_b, ss_b, so_b, so_h,
     KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr,
-    ROTARY: tl.constexpr, PDL: tl.constexpr,
+    ROTARY: tl.constexpr, PDL: tl.constexpr, MERGE: tl.constexpr, S_PAD: tl.constexpr,
 ):  # fmt: skip
     """One (batch, KV head) pair's query heads over one chunk of the
     cache: the chunk's unnormalised output, its running max and sum.
     The dots take fp32 (TF32 on a GPU: exact for bf16 and fp16): Triton's
     interpreter gets a bf16 dot wrong (3.x). PDL: it waits on the kernel
-    before it first (step_ready). ROTARY: it rotates q (rotary_fusion.py)."""
+    before it first (step_ready). ROTARY: it rotates q (rotary_fusion.py).
+    MERGE: the pair's last program to finish merges its heads' chunks
+    into out (merge_if_last): one kernel, no merge kernel after it."""
     ready = step_ready(PDL)  # every pointer to the step's data offset by it
     q_ptr, k_ptr, v_ptr, mask_ptr = q_ptr + ready, k_ptr + ready, v_ptr + ready, mask_ptr + ready
     cos_ptr, sin_ptr, part_ptr, stats_ptr = cos_ptr + ready, sin_ptr + ready, part_ptr + ready, stats_ptr + ready
@@ -178,6 +180,48 @@ def flashrt_pdl_attention_split(
     tl.store(part_ptr + (at * G_PAD + g[:, None]) * D_PAD + d[None, :], acc)
     tl.store(stats_ptr + (at * 2) * G_PAD + g, m_i)
     tl.store(stats_ptr + (at * 2 + 1) * G_PAD + g, l_i)
+    if MERGE:
+        merge_if_last(part_ptr, stats_ptr, count_ptr + ready, out_ptr + ready, pair, b, kv, so_b, so_h,
+                      GROUPS, G_PAD, D, D_PAD, SPLITS, S_PAD)  # fmt: skip
+
+
+@triton.jit
+def merged_head(part_ptr, stats_ptr, pair, g, G_PAD: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr,
+                S_PAD: tl.constexpr):  # fmt: skip
+    """Query head g of a (batch, KV head) pair: its chunks' outputs merged
+    by their maxima, softmax(q k^T) v. Loaded past L1 (.cg): another
+    program of this kernel may have written them (merge_if_last)."""
+    s, d = tl.arange(0, S_PAD), tl.arange(0, D_PAD)
+    at = pair * SPLITS + s
+    m_s = tl.load(stats_ptr + (at * 2) * G_PAD + g, mask=s < SPLITS, other=float("-inf"), cache_modifier=".cg")
+    l_s = tl.load(stats_ptr + (at * 2 + 1) * G_PAD + g, mask=s < SPLITS, other=0.0, cache_modifier=".cg")
+    part = tl.load(part_ptr + (at[:, None] * G_PAD + g) * D_PAD + d[None, :], mask=(s < SPLITS)[:, None], other=0.0,
+                   cache_modifier=".cg")  # fmt: skip
+    m = tl.max(m_s, 0)
+    w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m))  # a chunk the mask hid counts 0 (not NaN)
+    total = tl.sum(l_s * w, 0)
+    return tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+
+
+@triton.jit
+def merge_if_last(part_ptr, stats_ptr, count_ptr, out_ptr, pair, b, kv, so_b, so_h, GROUPS: tl.constexpr,
+                  G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr,
+                  S_PAD: tl.constexpr):  # fmt: skip
+    """Count this program's chunk of the pair done; the last of the pair's
+    SPLITS programs merges the group's heads into out and sets the count
+    back to 0 for the next call. The barrier has every thread's stores
+    issued before the count; the count's acq_rel orders them before the
+    last program's loads (the CUDA semaphore pattern: bar.sync, then one
+    atomic at GPU scope). Triton's interpreter runs programs one by one:
+    it shows the merge and the reset, not the ordering (a GPU's test does)."""
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel", scope="gpu")
+    if done == SPLITS - 1:
+        d = tl.arange(0, D_PAD)
+        for g in tl.static_range(GROUPS):
+            out = merged_head(part_ptr, stats_ptr, pair, g, G_PAD, D_PAD, SPLITS, S_PAD)
+            tl.store(out_ptr + b * so_b + (kv * GROUPS + g) * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+        tl.atomic_xchg(count_ptr + pair, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -192,14 +236,6 @@ def flashrt_pdl_attention_merge(
     part_ptr, stats_ptr, out_ptr = part_ptr + ready, stats_ptr + ready, out_ptr + ready
     head = tl.program_id(0)
     b, h = head // (KV_HEADS * GROUPS), head % (KV_HEADS * GROUPS)
-    pair, g = b * KV_HEADS + h // GROUPS, h % GROUPS
-    s, d = tl.arange(0, S_PAD), tl.arange(0, D_PAD)
-    at = pair * SPLITS + s
-    m_s = tl.load(stats_ptr + (at * 2) * G_PAD + g, mask=s < SPLITS, other=float("-inf"))
-    l_s = tl.load(stats_ptr + (at * 2 + 1) * G_PAD + g, mask=s < SPLITS, other=0.0)
-    part = tl.load(part_ptr + (at[:, None] * G_PAD + g) * D_PAD + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
-    m = tl.max(m_s, 0)
-    w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m))  # a chunk the mask hid counts 0 (not NaN)
-    total = tl.sum(l_s * w, 0)
-    out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    d = tl.arange(0, D_PAD)
+    out = merged_head(part_ptr, stats_ptr, b * KV_HEADS + h // GROUPS, h % GROUPS, G_PAD, D_PAD, SPLITS, S_PAD)
     tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < D)

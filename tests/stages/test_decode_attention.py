@@ -39,13 +39,16 @@ def attends_as_sdpa(device: str) -> None:
     cache repeated per head (an output rounding: the sums are fp32), the
     query rotated in float64 (the kernel keeps it in fp32: on a GPU its
     scores then take TF32 three times, one TF32 product being exact only
-    for a bf16 or fp16 query)."""
+    for a bf16 or fp16 query). Each also as one kernel (`counts`: each
+    pair's last program merges), one count array for every call: left at
+    zero by each, as the next needs it."""
     script = textwrap.dedent(
         f"""
         import torch
         from flashrt_build.stages.decode_attention import decode_attention_op
         torch.manual_seed(0)
         torch.set_default_device({device!r})
+        counts = torch.zeros(64, dtype=torch.int32)
         for batch, heads, kv, length, dim, seen, dtype, masks in [
                 (1, 8, 2, 300, 64, 130, torch.bfloat16, 1), (2, 6, 6, 64, 40, 64, torch.float16, 2),
                 (1, 4, 1, 1000, 32, 999, torch.bfloat16, 0), (2, 4, 2, 129, 16, 1, torch.bfloat16, 1)]:
@@ -59,10 +62,11 @@ def attends_as_sdpa(device: str) -> None:
                     mask[1, ..., 3:5] = False
             angles = torch.rand(batch if masks == 2 else 1, 1, 1, dim, dtype=torch.float64) * 6.3
             cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-            for rotary in (False, True):
+            for rotary, merged in ((False, False), (True, False), (False, True), (True, True)):
                 given = None if mask is None else mask[:, 0, 0, :length]
-                tables = (cos, sin) if rotary else ()
-                out = decode_attention_op()(q, k, v, given, dim ** -0.5, *tables)
+                tables = (cos, sin) if rotary else (None, None)
+                out = decode_attention_op()(q, k, v, given, dim ** -0.5, *tables, counts if merged else None)
+                assert not counts.any(), counts
                 q64 = q.double()
                 if rotary:
                     half = torch.cat((-q64[..., dim // 2:], q64[..., : dim // 2]), -1)
@@ -74,7 +78,7 @@ def attends_as_sdpa(device: str) -> None:
                 assert out.shape == (batch, 1, heads, dim) and out.dtype == dtype, (out.shape, out.dtype)
                 err = ((out.double() - exact).abs() / exact.abs().clamp(min=1.0)).max().item()
                 ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
-                assert err <= ulp, (batch, heads, kv, length, rotary, err)
+                assert err <= ulp, (batch, heads, kv, length, rotary, merged, err)
         print("ok")
         """
     )
@@ -211,3 +215,48 @@ def test_a_value_computed_once_is_one_kernel_however_many_operators_take_it() ->
         assert torch.equal(got, Layers()(x, step))
         kernels.append(launches_comparing(code))
     assert kernels == [4, 1]
+
+
+class OneKernel(torch.nn.Module):
+    """Two attention calls (two layers) as one kernel each, their counts a buffer of the module's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("counts", torch.zeros(8, dtype=torch.int32))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        first = decode_attention_op()(q, k, v, None, 0.125, None, None, self.counts)
+        return decode_attention_op()(first.transpose(1, 2), k, v, None, 0.125, None, None, self.counts)
+
+
+def test_the_one_kernel_attentions_counts_are_state_the_exported_program_writes_and_leaves_zero(
+    tmp_path: Path,
+) -> None:
+    """Exported, the counts are a buffer the program mutates (a package's state, written in place), and
+    the program run in Triton's interpreter leaves them zero after each call, its output the module's."""
+    args = (torch.randn(1, 4, 1, 16).bfloat16(), *(torch.randn(1, 2, 200, 16).bfloat16() for _ in range(2)))
+    program = torch.export.export(OneKernel(), args)
+    functional = program.run_decompositions({})  # as the export stage reads a program's state, and Inductor takes it
+    assert list(functional.graph_signature.buffers_to_mutate.values()) == ["counts"]
+    torch.export.save(program, tmp_path / "one.pt2")
+    torch.save(args, tmp_path / "one.args")
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from flashrt_build.stages.decode_attention import decode_attention_op
+        decode_attention_op()  # registered: the saved graph calls it by name
+        program = torch.export.load({str(tmp_path / "one.pt2")!r})
+        args = torch.load({str(tmp_path / "one.args")!r})
+        module = program.module()
+        for _ in range(2):
+            got = module(*args)
+            assert not module.counts.any(), module.counts
+        first = decode_attention_op()(*args, None, 0.125)  # two kernels: split, merge
+        expected = decode_attention_op()(first.transpose(1, 2), *args[1:], None, 0.125)
+        assert torch.allclose(got.float(), expected.float(), atol=1e-2), (got.float() - expected.float()).abs().max()
+        print("ok")
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

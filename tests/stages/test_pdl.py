@@ -127,20 +127,22 @@ def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wr
     assert pdl.MODE == pdl.LAUNCH_THEN_WAIT  # what a package compiles in: the faster chain on an H100 and an H200
 
 
-@pytest.mark.parametrize("which", ["split", "merge"])
+@pytest.mark.parametrize("which", ["split", "split merging", "merge"])
 def test_the_attention_kernels_wait_before_they_read_or_write(which: str) -> None:
-    shape = dict(KV_HEADS=8, GROUPS=4, G_PAD=16, D=64, D_PAD=64, SPLITS=16, PDL=True)
-    if which == "split":
+    shape = dict(KV_HEADS=8, GROUPS=4, G_PAD=16, D=64, D_PAD=64, SPLITS=16, S_PAD=16, PDL=True)
+    if which.startswith("split"):  # merging: the last program of a pair merges (its count and out after the wait)
         strides = ("sq_b", "sq_h", "sk_b", "sk_h", "sk_l", "sv_b", "sv_h", "sv_l", "sm_b", "sm_l")
         types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mask_ptr": "*i1", "cos_ptr": "*bf16",
-                 "sin_ptr": "*bf16", "part_ptr": "*fp32", "stats_ptr": "*fp32", "length": "i32", "scale": "fp32",
-                 **dict.fromkeys((*strides, "sc_b", "ss_b"), "i32")}  # fmt: skip
-        constants = {**shape, "CHUNK": 64, "BLOCK_L": 64, "HAS_MASK": True, "ROTARY": True}
+                 "sin_ptr": "*bf16", "part_ptr": "*fp32", "stats_ptr": "*fp32", "count_ptr": "*i32",
+                 "out_ptr": "*bf16", "length": "i32", "scale": "fp32",
+                 **dict.fromkeys((*strides, "sc_b", "ss_b", "so_b", "so_h"), "i32")}  # fmt: skip
+        constants = {**shape, "CHUNK": 64, "BLOCK_L": 64, "HAS_MASK": True, "ROTARY": True, "MERGE": "merging" in which}
         lines = ptx(kernels.flashrt_pdl_attention_split, types, constants)
+        assert ("atom.global" in "\n".join(lines)) == ("merging" in which)
     else:
         types = {"part_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16", "so_b": "i32", "so_h": "i32"}
-        lines = ptx(kernels.flashrt_pdl_attention_merge, types, {**shape, "S_PAD": 16})
-    assert not [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line]
+        lines = ptx(kernels.flashrt_pdl_attention_merge, types, shape)
+    assert not [line for line in before_the_wait(lines) if "ld.global" in line or "st.global" in line or "atom" in line]
 
 
 class HopperTarget:
@@ -183,14 +185,19 @@ def test_torchs_mutation_analysis_reads_what_each_waiting_kernel_writes() -> Non
     gemv = dict(w_ptr=bf16(8, 16), x_ptr=bf16(16), v_ptr=bf16(16), b_ptr=bf16(8), r_ptr=bf16(8), y_ptr=bf16(8),
                 s_ptr=fp32(8), N=8, K=16, eps=1e-5, **{**GEMV, "BLOCK_K": 16}, PDL=True)  # fmt: skip
     split = dict(q_ptr=bf16(4, 64), k_ptr=bf16(64, 64), v_ptr=bf16(64, 64), mask_ptr=torch.ones(64, dtype=torch.bool),
-                 cos_ptr=bf16(64), sin_ptr=bf16(64), part_ptr=fp32(16, 64), stats_ptr=fp32(32), length=64, scale=0.125,
-                 **strides, **shape, CHUNK=64, BLOCK_L=64, HAS_MASK=True, ROTARY=True)  # fmt: skip
+                 cos_ptr=bf16(64), sin_ptr=bf16(64), part_ptr=fp32(16, 64), stats_ptr=fp32(32),
+                 count_ptr=torch.zeros(1, dtype=torch.int32), out_ptr=bf16(4, 64), length=64, scale=0.125, so_b=1,
+                 so_h=64, **strides, **shape, CHUNK=64, BLOCK_L=64, HAS_MASK=True, ROTARY=True, MERGE=False,
+                 S_PAD=1)  # fmt: skip
     merge = dict(part_ptr=fp32(16, 64), stats_ptr=fp32(32), out_ptr=bf16(4, 64), so_b=1, so_h=64, **shape, S_PAD=1)
     assert written(kernels.flashrt_pdl_gemv, gemv) == ["y_ptr"]
     assert written(kernels.flashrt_pdl_gemv, {**gemv, "w_ptr": bf16(16, 16), "GLU": True}) == ["y_ptr"]
     int8 = {"w_ptr": torch.zeros(8, 16, dtype=torch.int8), "HAS_SCALE": True}  # int8_wo's rows: the scales only read
     assert written(kernels.flashrt_pdl_gemv, {**gemv, **int8}) == ["y_ptr"]
     assert written(kernels.flashrt_pdl_attention_split, split) == ["part_ptr", "stats_ptr"]
+    # one kernel: its last program of a pair counts, merges into out
+    merging = written(kernels.flashrt_pdl_attention_split, {**split, "MERGE": True})
+    assert sorted(merging) == ["count_ptr", "out_ptr", "part_ptr", "stats_ptr"]
     assert written(kernels.flashrt_pdl_attention_merge, merge) == ["out_ptr"]
 
 
@@ -204,3 +211,5 @@ def test_the_source_aotinductor_compiles_into_a_package_holds_the_kernels_one_wa
     source = user_defined_triton_kernel_transitive_closure_source_code(getattr(kernels, name))
     assert "def step_ready(PDL" in source and f"def {name}(" in source
     assert source.count("def step_ready(") == 1 and "step_ready(PDL)" in source
+    if name == "flashrt_pdl_attention_split":  # the helpers' helpers too: merge_if_last calls merged_head
+        assert "def merge_if_last(" in source and "def merged_head(" in source
