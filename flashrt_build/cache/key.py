@@ -157,6 +157,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "gemv_fusion": spec.gemv_fusion,
             "decode_attention": spec.decode_attention,
             "rotary_fusion": spec.rotary_fusion,
+            "one_kernel_attention": spec.one_kernel_attention,
             "combo_kernels": spec.combo_kernels,
             "pdl": spec.pdl,
         },

@@ -202,6 +202,8 @@ class PassesConfig:
     decode_attention: bool = False
     # The query's rotary embedding taken into that attention kernel (CUDA).
     rotary_fusion: bool = False
+    # That attention in one kernel a layer: each KV head's last program merges (CUDA).
+    one_kernel_attention: bool = False
     # Inductor's combo kernels (small independent kernels launched as one) for
     # the methods of static shapes (a decode step) on a CUDA device.
     combo_kernels: bool = False

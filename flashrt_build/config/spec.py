@@ -81,6 +81,7 @@ class BuildSpec:
     gemv_fusion: bool = False  # passes.gemv_fusion
     decode_attention: bool = False  # passes.decode_attention
     rotary_fusion: bool = False  # passes.rotary_fusion
+    one_kernel_attention: bool = False  # passes.one_kernel_attention
     combo_kernels: bool = False  # passes.combo_kernels
     pdl: bool = False  # passes.pdl
     import_paths: tuple[Path, ...] = ()  # where the module's code imports from (python_path, the cwd)
@@ -91,7 +92,7 @@ class BuildSpec:
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
         passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.gemv_fusion, self.decode_attention,
-                  self.rotary_fusion, self.combo_kernels, self.pdl)  # fmt: skip
+                  self.rotary_fusion, self.one_kernel_attention, self.combo_kernels, self.pdl)  # fmt: skip
         return any(passes)
 
     @property
@@ -186,6 +187,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         gemv_fusion=bool(config["passes"]["gemv_fusion"]),
         decode_attention=bool(config["passes"]["decode_attention"]),
         rotary_fusion=bool(config["passes"]["rotary_fusion"]),
+        one_kernel_attention=bool(config["passes"]["one_kernel_attention"]),
         combo_kernels=bool(config["passes"]["combo_kernels"]),
         pdl=bool(config["passes"]["pdl"]),
         import_paths=module.import_paths,

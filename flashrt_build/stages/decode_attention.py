@@ -20,6 +20,11 @@ call (prefill, dropout, sinks, a float mask) keeps the attention it had.
 After export `share_masks` gives the calls whose masks are the same view of
 one tensor (each layer slices the model's one mask) one mask that Inductor
 computes once, instead of once a layer.
+
+`one_kernel_attention` (`give_counts`): each attention layer gets a count
+per (batch, KV head) pair, a buffer its calls pass the kernel: each pair's
+last split program then merges, and no merge kernel runs after it. The
+counts are state the package writes in place; every call leaves them zero.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ GROUPED_NAME = "flashrt_decode_grouped_sdpa"  # falls back to the grouped_attent
 BLOCK_L = 64  # cache positions a loop step reads
 PROGRAMS = 128  # programs a call aims at (about one wave of an H100's 132 SMs): sets the split
 HALVES = (torch.bfloat16, torch.float16)
+COUNTS = "flashrt_attention_counts"  # an attention layer's buffer under one_kernel_attention
+PAIRS = 1024  # the (batch, KV head) pairs a call of it may have; past them the call takes two kernels
 
 
 def split_of(pairs: int, length: int) -> tuple[int, int]:
@@ -193,7 +200,10 @@ def _decode_sdpa(
         )
     assert mask is not False
     scale = dim**-0.5 if scaling is None else float(scaling)
-    return decode_attention_op()(query, key, value, mask, scale), None
+    counts = getattr(module, COUNTS, None)  # one_kernel_attention's
+    if counts is None or batch * key.shape[1] > counts.numel():
+        return decode_attention_op()(query, key, value, mask, scale), None
+    return decode_attention_op()(query, key, value, mask, scale, None, None, counts), None
 
 
 def register() -> None:
@@ -216,3 +226,23 @@ def use_decode_attention(module: nn.Module) -> int:
     for config in chosen:
         config._attn_implementation = NAME if config._attn_implementation == "sdpa" else GROUPED_NAME
     return len(chosen)
+
+
+def give_counts(module: nn.Module) -> int:
+    """Give each attention layer of the models `use_decode_attention`
+    switched its counts (zeros: PAIRS int32), so its one-token calls run as
+    one kernel; how many layers. An attention layer is a transformers
+    `...Attention` module with its model's config and a `layer_idx`."""
+    switched = [c for c in model_configs(module) if getattr(c, "_attn_implementation", None) in (NAME, GROUPED_NAME)]
+    layers = 0
+    for layer in module.modules():
+        config = getattr(layer, "config", None)
+        if (
+            any(config is c for c in switched)
+            and hasattr(layer, "layer_idx")
+            and type(layer).__name__.endswith("Attention")
+        ):
+            device = next(layer.parameters()).device
+            layer.register_buffer(COUNTS, torch.zeros(PAIRS, dtype=torch.int32, device=device), persistent=False)
+            layers += 1
+    return layers

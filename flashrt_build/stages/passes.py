@@ -29,6 +29,10 @@ SDPA's per-head copies and cuDNN over every cache position.
 the decode attention kernel, rewritten in the exported graph (the export
 stage runs it: here, a note).
 
+`one_kernel_attention` (decode_attention.py): that attention as one kernel a
+layer, each KV head's last program merging; each attention layer gets the
+count it needs, a buffer (state the package writes in place).
+
 `combo_kernels`: Inductor's combo kernels for the methods of static shapes
 on a CUDA device (a decode step), set at their compile.
 
@@ -48,7 +52,7 @@ from torch import nn
 from ..config.spec import BuildSpec
 from . import pdl
 from .attention import group_attention
-from .decode_attention import use_decode_attention
+from .decode_attention import give_counts, use_decode_attention
 from .domain import preserved_buffers
 from .export import calling
 from .fused import FusedLinear, FusedSlice
@@ -117,6 +121,12 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         why = "passes.decode_attention=false" if not spec.decode_attention else f"target.device={spec.device}"
         notes.append("rotary_fusion: at export, into each decode attention call" if cuda else
                      f"rotary_fusion: no decode attention to rotate in ({why})")  # fmt: skip
+    if spec.one_kernel_attention:  # after decode_attention: the layers it switched get their counts
+        merging = give_counts(module) if spec.decode_attention else 0
+        why = "passes.decode_attention=false" if not spec.decode_attention else f"target.device={spec.device}"
+        notes.append(f"one_kernel_attention: {merging} attention layers" if merging else
+                     f"one_kernel_attention: no decode attention to merge in ({why})")  # fmt: skip
+        section["one_kernel_attention"] = {"layers": merging}
     if spec.combo_kernels:  # the compile stage sets the option (BuildSpec.method_inductor_options_of)
         methods = spec.combo_methods
         none = f"no static-shape method on a CUDA device (target.device={spec.device})"

@@ -38,13 +38,15 @@ def fuse_rotary(program: torch.export.ExportedProgram) -> int:
     graph = program.graph
     fused = 0
     for node in graph.nodes:
-        if not calls_op(node, "flashrt::decode_attention") or len(node.args) != 5 or node.kwargs:
+        # a call as the attention makes it: no tables yet (5 arguments, or 8 with one_kernel_attention's counts)
+        plain = len(node.args) == 5 or (len(node.args) == 8 and node.args[5:7] == (None, None))
+        if not calls_op(node, "flashrt::decode_attention") or not plain or node.kwargs:
             continue
         found = _rotary(node.args[0])
         if found is None:
             continue
         q, cos, sin = found
-        node.args = (q, *node.args[1:], cos, sin)
+        node.args = (q, *node.args[1:5], cos, sin, *node.args[7:])
         fused += 1
     if fused:
         drop_unused(graph)

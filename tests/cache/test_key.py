@@ -70,6 +70,7 @@ KEYED = {
     "passes.gemv_fusion": ("mlp", [], ["passes.gemv_fusion=true"]),
     "passes.decode_attention": ("mlp", [], ["passes.decode_attention=true"]),
     "passes.rotary_fusion": ("mlp", [], ["passes.rotary_fusion=true"]),
+    "passes.one_kernel_attention": ("mlp", [], ["passes.one_kernel_attention=true"]),
     "passes.combo_kernels": ("mlp", [], ["passes.combo_kernels=true"]),
     "passes.pdl": ("mlp", [], ["passes.pdl=true"]),
     "weights": ("mlp", [], ["weights=external"]),
