@@ -37,9 +37,8 @@ def pad_int8_matmuls(program: torch.export.ExportedProgram, device: str) -> tupl
             inside.pop()
 
     def padded_out_dtype(op: Any, dtype: torch.dtype, *args: torch.Tensor) -> Any:
-        if op is not torch.ops.aten.mm.default or dtype != torch.int32 or len(args) != 2:
-            return NotImplemented  # another out_dtype call: traced as it is
-        return padded(*args) if all(a.dtype == torch.int8 for a in args) else NotImplemented
+        # another out_dtype call: traced as it is
+        return padded(*args) if _int8_mm(op, dtype, [a.dtype for a in args]) else NotImplemented
 
     table = {torch.ops.aten._int_mm.default: padded, out_dtype: padded_out_dtype}
     return program.run_decompositions(table), calls
@@ -48,6 +47,11 @@ def pad_int8_matmuls(program: torch.export.ExportedProgram, device: str) -> tupl
 def _is_int8_matmul(node: torch.fx.Node) -> bool:
     if node.target is torch.ops.aten._int_mm.default:
         return True
-    if node.target is not out_dtype or node.args[:2] != (torch.ops.aten.mm.default, torch.int32):
+    if node.target is not out_dtype or not all(isinstance(a, torch.fx.Node) for a in node.args[2:]):
         return False
-    return all(isinstance(a, torch.fx.Node) and a.meta["val"].dtype == torch.int8 for a in node.args[2:])
+    return _int8_mm(node.args[0], node.args[1], [a.meta["val"].dtype for a in node.args[2:]])  # type: ignore[union-attr]
+
+
+def _int8_mm(op: Any, dtype: Any, operands: list[torch.dtype]) -> bool:
+    """`out_dtype(op, dtype, *operands)` is an int8 matmul: mm into int32 of two int8 operands."""
+    return op is torch.ops.aten.mm.default and dtype == torch.int32 and operands == [torch.int8, torch.int8]

@@ -116,16 +116,16 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
         notes.append(f"decode_attention: {switched} model(s), for their one-token calls" if switched else
                      f"decode_attention: no SDPA model on a CUDA device (target.device={spec.device})")  # fmt: skip
         section["decode_attention"] = {"models": switched}
+    # why rotary_fusion and one_kernel_attention find no decode attention, where they find none
+    no_attention = "passes.decode_attention=false" if not spec.decode_attention else f"target.device={spec.device}"
     if spec.rotary_fusion:  # likewise (rotary_fusion.py)
         cuda = spec.decode_attention and spec.device.startswith("cuda")
-        why = "passes.decode_attention=false" if not spec.decode_attention else f"target.device={spec.device}"
         notes.append("rotary_fusion: at export, into each decode attention call" if cuda else
-                     f"rotary_fusion: no decode attention to rotate in ({why})")  # fmt: skip
+                     f"rotary_fusion: no decode attention to rotate in ({no_attention})")  # fmt: skip
     if spec.one_kernel_attention:  # after decode_attention: the layers it switched get their counts
         merging = give_counts(module) if spec.decode_attention else 0
-        why = "passes.decode_attention=false" if not spec.decode_attention else f"target.device={spec.device}"
         notes.append(f"one_kernel_attention: {merging} attention layers" if merging else
-                     f"one_kernel_attention: no decode attention to merge in ({why})")  # fmt: skip
+                     f"one_kernel_attention: no decode attention to merge in ({no_attention})")  # fmt: skip
         section["one_kernel_attention"] = {"layers": merging}
     if spec.combo_kernels:  # the compile stage sets the option (BuildSpec.method_inductor_options_of)
         methods = spec.combo_methods
