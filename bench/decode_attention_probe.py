@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from serve_llm import profile_step  # noqa: E402
+
 from flashrt_build.stages.decode_attention import decode_attention_op  # noqa: E402
 
 
@@ -77,13 +80,10 @@ def main() -> None:
                 path = torch._inductor.aoti_compile_and_package(program, package_path=f"{tmp}/a.pt2")
                 loaded = torch._inductor.aoti_load_package(path)
                 print(how, "package vs eager max diff", (loaded(*args).float() - eager.float()).abs().max().item())
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    loaded(*args)
-                    torch.cuda.synchronize()
-                kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-                print(
-                    how, f"package: {len(kernels)} kernels a call ({', '.join(kernels)}), {timed(loaded, *args):.2f} us"
-                )
+                profile = profile_step(lambda: loaded(*args), torch.device(dev))  # noqa: B023 - called here
+                assert profile is not None  # a CUDA device
+                names = ", ".join(f"{name} x{launches}" for name, launches, _ in profile["top"])
+                print(how, f"package: {profile['kernels']} kernels a call ({names}), {timed(loaded, *args):.2f} us")
         except Exception:  # noqa: BLE001 - the whole error is the point
             traceback.print_exc()
         print(how, f"eager kernel {timed(module, *args):.2f} us")
