@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from llm_families import save_family
-from test_gemv_fusion import decode_module, in_fresh_process
+from test_gemv_fusion import in_fresh_process
 from test_passes import llm_overrides
+from test_rotary_fusion import called, decode_graph
 
 from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
 from flashrt_build.stages import decode_attention
-from flashrt_build.stages.attention import model_configs
-from flashrt_build.stages.export import export_stage
 from flashrt_build.stages.inputs import make_inputs
 from flashrt_build.stages.module import instantiate_stage
 from flashrt_build.stages.passes import passes_stage
@@ -33,26 +31,13 @@ from flashrt_build.stages.passes import passes_stage
 COUNTS = [f"model.layers.{i}.self_attn.{decode_attention.COUNTS}" for i in range(2)]
 
 
-def decode_program(model_dir: Path, root: Path, *more: str) -> tuple[Any, Any, torch.export.ExportedProgram]:
-    """(plan, export stage, program) of an fp16 decode step with the llm passes and `more`, its models switched to
-    the decode attention (and, where `more` asks, given their counts) as a CUDA build's are."""
-    plan, module = decode_module(model_dir, root, "target.dtype=float16", *more)
-    decode_attention.register()
-    for config in model_configs(module):
-        config._attn_implementation = decode_attention.NAME  # as use_decode_attention switches a CUDA model
-    if plan.spec.one_kernel_attention:
-        assert decode_attention.give_counts(module) == 2  # as the pass gives a CUDA model's layers theirs
-    stage = export_stage(module, plan.spec)
-    return plan, stage, stage.value[0].program
-
-
 @pytest.mark.parametrize("rotary", [False, True])
 def test_each_layer_passes_its_counts_which_are_state_and_the_logits_stay(tmp_path: Path, rotary: bool) -> None:
     model_dir = save_family("llama", tmp_path / "llama")
-    rotary_fusion = f"passes.rotary_fusion={str(rotary).lower()}"
-    plan, stage, program = decode_program(model_dir, tmp_path, rotary_fusion, "passes.one_kernel_attention=true")
-    _, _, two_kernels = decode_program(model_dir, tmp_path, rotary_fusion)
-    calls = [n for n in program.graph.nodes if str(n.target) == "flashrt.decode_attention.default"]
+    plan, module, stage = decode_graph(model_dir, tmp_path, rotary, "passes.one_kernel_attention=true")
+    program, two_kernels = stage.value[0].program, decode_graph(model_dir, tmp_path, rotary)[2].value[0].program
+    assert sorted(name for name, _ in module.named_buffers() if name.endswith(decode_attention.COUNTS)) == COUNTS
+    calls = called(program, "flashrt.decode_attention.default")
     assert len(calls) == 2 and len({n.args[7] for n in calls}) == 2  # each layer its own counts
     assert all((n.args[5] is not None) == rotary for n in calls)  # rotary_fusion took the query's rotary in or not
     assert set(COUNTS) <= set(stage.value[0].state)  # written in place by the package, as its KV cache

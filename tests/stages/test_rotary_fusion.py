@@ -36,13 +36,17 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("rotary_fusion")
 
 
-def decode_graph(model_dir: Path, root: Path, rotary: bool = True) -> tuple[Any, Any, Any]:
-    """(plan, module, export stage) of an fp16 decode step with the llm passes (rotary_fusion on or off),
-    its layers given the GEMV and its models the decode attention as a CUDA build's are."""
-    plan, module = decode_module(model_dir, root, "target.dtype=float16", f"passes.rotary_fusion={rotary}".lower())
+def decode_graph(model_dir: Path, root: Path, rotary: bool = True, *more: str) -> tuple[Any, Any, Any]:
+    """(plan, module, export stage) of an fp16 decode step with the llm passes (rotary_fusion on or off, and
+    `more`), its layers given the GEMV and its models the decode attention (and with one_kernel_attention its
+    layers their counts) as a CUDA build's are."""
+    rotary_fusion = f"passes.rotary_fusion={str(rotary).lower()}"
+    plan, module = decode_module(model_dir, root, "target.dtype=float16", rotary_fusion, *more)
     decode_attention.register()
     for config in model_configs(module):
         config._attn_implementation = decode_attention.NAME  # as use_decode_attention switches a CUDA model
+    if plan.spec.one_kernel_attention:
+        decode_attention.give_counts(module)  # as the pass gives a CUDA model's attention layers theirs
     return plan, module, export_stage(module, plan.spec)
 
 
