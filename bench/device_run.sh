@@ -89,6 +89,9 @@ output_root=/tmp/w3/out hydra.verbose=flashrt_build.stages.verify") ;;
     decode_one_kernel)  # passes=llm against it with one_kernel_attention (the attention one kernel a layer, not split + merge: 114 kernels a step -> 98)
       cmd=("${bench[@]}" --only decode --passes llm --variant "one_kernel:passes=llm passes.one_kernel_attention=true"
            --no-baseline --jobs 2 --out-name causal_lm_decode_one_kernel_$tag) ;;
+    decode_goal)  # the decode goal in one call: passes=llm, it with one_kernel_attention, and transformers + reduce-overhead
+      cmd=("${bench[@]}" --only decode --passes llm --variant "one_kernel:passes=llm passes.one_kernel_attention=true"
+           --jobs 2 --out-name causal_lm_decode_goal_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_attention_$tag) ;;
