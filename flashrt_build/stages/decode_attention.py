@@ -61,55 +61,88 @@ def split_of(pairs: int, length: int) -> tuple[int, int]:
     return -(-length // chunk), chunk
 
 
+OPS = ("flashrt::decode_attention", "flashrt::decode_attention_merged")  # two kernels; one, with counts
+
+
 @functools.cache
 def decode_attention_op() -> Any:
-    """`torch.ops.flashrt.decode_attention(query, key, value, mask, scale,
-    cos=None, sin=None, counts=None)`: query (batch, heads, 1, dim); key and
-    value (batch, kv_heads, length, dim); mask None or boolean (batch or 1,
-    length); out (batch, 1, heads, dim). With cos and sin (batch or 1, 1, 1,
-    dim) the query is rotated first: q * cos + rotate_half(q) * sin. With
-    `counts` (int32 zeros, batch * kv_heads at least, left zero after each
-    call) one kernel: each pair's last program merges its chunks
-    (triton_kernels.merge_if_last), no merge kernel after it."""
-    import triton
-    from torch.library import triton_op, wrap_triton
+    """`attend(query, key, value, mask, scale, cos=None, sin=None,
+    counts=None)`: query (batch, heads, 1, dim); key and value (batch,
+    kv_heads, length, dim); mask None or boolean (batch or 1, length); out
+    (batch, 1, heads, dim). With cos and sin (batch or 1, 1, 1, dim) the
+    query is rotated first: q * cos + rotate_half(q) * sin.
 
-    from .triton_kernels import flashrt_pdl_attention_merge, flashrt_pdl_attention_split
+    Without `counts`, `flashrt::decode_attention`: a split kernel and a
+    merge kernel. With them (int32 zeros, batch * kv_heads at least, left
+    zero after each call), `flashrt::decode_attention_merged`, one kernel:
+    each pair's last program merges its chunks (triton_kernels.merge_if_last).
+    Two operators, not one with optional counts: torch 2.11 bumps the version
+    of each mutated argument by position, past the end of a call that
+    leaves the defaults out (IndexError) and on None where one passes them."""
+    from torch.library import triton_op
 
-    @triton_op("flashrt::decode_attention", mutates_args=("counts",))
+    @triton_op(OPS[0], mutates_args=())
     def decode_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,
+        cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        return _attend(query, key, value, mask, scale, cos, sin, None)
+
+    @triton_op(OPS[1], mutates_args=("counts",))
+    def decode_attention_merged(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,
+        cos: torch.Tensor | None, sin: torch.Tensor | None, counts: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        return _attend(query, key, value, mask, scale, cos, sin, counts)
+
+    def attend(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,
         cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, counts: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        batch, heads, _, dim = query.shape
-        kv_heads, length = key.shape[1], key.shape[2]
-        groups = heads // kv_heads
-        g_pad, d_pad = max(16, triton.next_power_of_2(groups)), max(16, triton.next_power_of_2(dim))
-        splits, chunk = split_of(batch * kv_heads, length)
-        part = query.new_empty((batch * kv_heads * splits, g_pad, d_pad), dtype=torch.float32)
-        stats = query.new_empty((batch * kv_heads * splits, 2, g_pad), dtype=torch.float32)
-        out = query.new_empty((batch, 1, heads, dim))
-        query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
-        rotary = cos is not None and sin is not None
-        cos, sin = (query if t is None else t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
-        shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits,
-                     S_PAD=triton.next_power_of_2(splits), PDL=pdl_kernels(query))  # fmt: skip
-        wrap_triton(flashrt_pdl_attention_split)[(batch * kv_heads, splits)](
-            query, key, value, key if mask is None else mask, cos, sin, part, stats,
-            stats if counts is None else counts, out, length, scale,
-            query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
-            value.stride(0), value.stride(1), value.stride(2),
-            0 if mask is None or mask.shape[0] == 1 else mask.stride(0), 0 if mask is None else mask.stride(1),
-            0 if cos.shape[0] == 1 else cos.stride(0), 0 if sin.shape[0] == 1 else sin.stride(0),
-            out.stride(0), out.stride(2), CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, ROTARY=rotary,
-            MERGE=counts is not None, num_warps=4, **shape,
-        )  # fmt: skip
         if counts is None:
-            merge = wrap_triton(flashrt_pdl_attention_merge)[(batch * heads,)]
-            merge(part, stats, out, out.stride(0), out.stride(2), **shape)
-        return out
+            return torch.ops.flashrt.decode_attention.default(query, key, value, mask, scale, cos, sin)
+        return torch.ops.flashrt.decode_attention_merged.default(query, key, value, mask, scale, cos, sin, counts)
 
-    return torch.ops.flashrt.decode_attention.default
+    return attend
+
+
+def _attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float,
+    cos: torch.Tensor | None, sin: torch.Tensor | None, counts: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    """Both operators' body: the split kernel, merging where `counts` is given, else the merge kernel after it."""
+    import triton
+    from torch.library import wrap_triton
+
+    from .triton_kernels import flashrt_pdl_attention_merge, flashrt_pdl_attention_split
+
+    batch, heads, _, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    g_pad, d_pad = max(16, triton.next_power_of_2(groups)), max(16, triton.next_power_of_2(dim))
+    splits, chunk = split_of(batch * kv_heads, length)
+    part = query.new_empty((batch * kv_heads * splits, g_pad, d_pad), dtype=torch.float32)
+    stats = query.new_empty((batch * kv_heads * splits, 2, g_pad), dtype=torch.float32)
+    out = query.new_empty((batch, 1, heads, dim))
+    query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+    rotary = cos is not None and sin is not None
+    cos, sin = (query if t is None else t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
+    shape = dict(KV_HEADS=kv_heads, GROUPS=groups, G_PAD=g_pad, D=dim, D_PAD=d_pad, SPLITS=splits,
+                 S_PAD=triton.next_power_of_2(splits), PDL=pdl_kernels(query))  # fmt: skip
+    wrap_triton(flashrt_pdl_attention_split)[(batch * kv_heads, splits)](
+        query, key, value, key if mask is None else mask, cos, sin, part, stats,
+        stats if counts is None else counts, out, length, scale,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2),
+        0 if mask is None or mask.shape[0] == 1 else mask.stride(0), 0 if mask is None else mask.stride(1),
+        0 if cos.shape[0] == 1 else cos.stride(0), 0 if sin.shape[0] == 1 else sin.stride(0),
+        out.stride(0), out.stride(2), CHUNK=chunk, BLOCK_L=BLOCK_L, HAS_MASK=mask is not None, ROTARY=rotary,
+        MERGE=counts is not None, num_warps=4, **shape,
+    )  # fmt: skip
+    if counts is None:
+        merge = wrap_triton(flashrt_pdl_attention_merge)[(batch * heads,)]
+        merge(part, stats, out, out.stride(0), out.stride(2), **shape)
+    return out
 
 
 # Ops whose result is a view of their input: the same chain of them over the same node is the same tensor
@@ -130,7 +163,7 @@ def share_masks(program: torch.export.ExportedProgram) -> int:
     graph = program.graph
     takers: dict[fx.Node, list[fx.Node]] = {}  # each distinct mask: the calls taking it
     for node in graph.nodes:
-        if not calls_op(node, "flashrt::decode_attention") or not isinstance(mask := node.args[3], fx.Node):
+        if not calls_op(node, *OPS) or not isinstance(mask := node.args[3], fx.Node):
             continue
         same = next((m for m in takers if _same_view(m, mask)), mask)
         takers.setdefault(same, []).append(node)

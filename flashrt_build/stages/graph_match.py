@@ -18,11 +18,11 @@ def calls(node: Any, *targets: Any) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def calls_op(node: Any, name: str) -> bool:
-    """`node` calls the custom operator `name` (`flashrt::gemv`): known by
-    name, so a graph without one never defines it (it needs Triton)."""
+def calls_op(node: Any, *names: str) -> bool:
+    """`node` calls one of the custom operators `names` (`flashrt::gemv`):
+    known by name, so a graph without one never defines it (it needs Triton)."""
     target = node.target if isinstance(node, fx.Node) and node.op == "call_function" else None
-    return isinstance(target, torch._ops.OpOverload) and target._schema.name == name
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name in names
 
 
 def val(node: Any) -> torch.Tensor | None:

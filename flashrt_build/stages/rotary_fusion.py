@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from .decode_attention import OPS as ATTENTION
 from .graph_match import alike, calls, calls_op, drop_unused, val
 
 aten = torch.ops.aten
@@ -40,7 +41,7 @@ def fuse_rotary(program: torch.export.ExportedProgram) -> int:
     for node in graph.nodes:
         # a call as the attention makes it: no tables yet (5 arguments, or 8 with one_kernel_attention's counts)
         plain = len(node.args) == 5 or (len(node.args) == 8 and node.args[5:7] == (None, None))
-        if not calls_op(node, "flashrt::decode_attention") or not plain or node.kwargs:
+        if not calls_op(node, *ATTENTION) or not plain or node.kwargs:
             continue
         found = _rotary(node.args[0])
         if found is None:

@@ -37,8 +37,10 @@ def test_each_layer_passes_its_counts_which_are_state_and_the_logits_stay(tmp_pa
     plan, module, stage = decode_graph(model_dir, tmp_path, rotary, "passes.one_kernel_attention=true")
     program, two_kernels = stage.value[0].program, decode_graph(model_dir, tmp_path, rotary)[2].value[0].program
     assert sorted(name for name, _ in module.named_buffers() if name.endswith(decode_attention.COUNTS)) == COUNTS
-    calls = called(program, "flashrt.decode_attention.default")
+    calls = called(program, "flashrt.decode_attention_merged.default")
     assert len(calls) == 2 and len({n.args[7] for n in calls}) == 2  # each layer its own counts
+    assert not called(program, "flashrt.decode_attention.default")  # the two-kernel operator: no call left
+    assert len(called(two_kernels, "flashrt.decode_attention.default")) == 2
     assert all((n.args[5] is not None) == rotary for n in calls)  # rotary_fusion took the query's rotary in or not
     assert set(COUNTS) <= set(stage.value[0].state)  # written in place by the package, as its KV cache
     example = make_inputs(plan.spec, method=plan.spec.methods[0])
