@@ -39,6 +39,7 @@ stream it from HBM, as `gemv_probe.py` times them.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import sys
@@ -59,6 +60,7 @@ from flashrt_build.stages.gemv import (  # noqa: E402
     BLOCK_N,
     EVICT,
     GATED,
+    INT8_BITS,
     INT8_BLOCK_K,
     NONE,
     NORM,
@@ -74,7 +76,8 @@ from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 SHIPPED = (BLOCK_N, BLOCK_K, WARPS, STAGES, EVICT)
 # int8 rows' launch (K steps of bf16's bytes), and the int8 chain's others: bf16's K step, more warps or rows
 INT8_SHIPPED = (BLOCK_N, INT8_BLOCK_K, WARPS, STAGES, EVICT)
-INT8_CONFIGS = [(2, 1024, 4, 1, True), (2, 2048, 8, 1, True), (4, 2048, 4, 1, True)]
+INT8_CONFIGS = [(2, 1024, 4, 1, True), (2, 2048, 8, 1, True), (4, 2048, 4, 1, True), (4, 2048, 8, 1, True),
+                (8, 1024, 8, 1, True), (2, 4096, 8, 1, True)]  # fmt: skip
 
 
 @triton.jit
@@ -110,12 +113,13 @@ EPS = 1e-5
 
 def gemv(
     config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0, glu: bool = False,
-    prefetch: int = PREFETCH,
+    prefetch: int = PREFETCH, bits: bool = INT8_BITS,
 ) -> Callable[..., torch.Tensor]:  # fmt: skip
     """The package's GEMV kernel (flashrt_build/stages/triton_kernels.py) at `config`, with a prologue and a
     residual add; `pdl`: with its wait (step_ready's mode), launched as a programmatic dependent (the pdl pass's
     launch); `glu`: w's rows gate's then up's, SiLU(gate) * up out (half the rows a program, as gemv.py launches it);
-    `prefetch`: the weight tiles it loads before the wait."""
+    `prefetch`: the weight tiles it loads before the wait; `bits`: int8 rows widened through fp32's bits (else
+    converted)."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
 
@@ -128,7 +132,7 @@ def gemv(
             w, x, x if v is None else v, w, y if r is None else r, y, w if s is None else s, n, k, EPS,
             PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, HAS_SCALE=s is not None, BLOCK_N=program_rows,
             BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, GLU=glu, PREFETCH=prefetch,
-            num_warps=warps, num_stages=stages, **launch,
+            INT8_BITS=bits, num_warps=warps, num_stages=stages, **launch,
         )  # fmt: skip
         return y
 
@@ -217,14 +221,21 @@ def check(device: str) -> None:
                 if error > 1e-2:
                     raise SystemExit(f"{name} ({how}, {config}): relative error {error:.3g}")
         print(f"{config}: the fusions agree with their references", flush=True)
-    for config in CHECKED:  # int8 rows and their scales (int8_wo's layers)
+    # int8 rows and their scales (int8_wo's layers), widened through fp32's bits and converted
+    every = torch.arange(-128, 128, device=device).to(torch.int8)[:, None].expand(256, 96).contiguous()
+    one_hot, ones = torch.zeros(96, device=device, dtype=torch.bfloat16), torch.ones(256, 1, device=device)
+    one_hot[37] = 1
+    for config, bits in itertools.product(CHECKED, (True, False)):
         w = torch.randn(24, 96, device=device).to(torch.bfloat16)
         quantized, x = int8_rows("w", w), inputs(96, 96, device)[0]
         expected = (quantized["w"].float() * quantized["w_scale"]) @ x.float()
-        got = gemv(config)(quantized["w"], x, s=quantized["w_scale"]).float()
+        got = gemv(config, bits=bits)(quantized["w"], x, s=quantized["w_scale"]).float()
         if (error := ((got - expected).norm() / expected.norm()).item()) > 1e-2:
-            raise SystemExit(f"int8 rows ({config}): relative error {error:.3g}")
-    print("int8 rows agree with their reference", flush=True)
+            raise SystemExit(f"int8 rows ({config}, bits {bits}): relative error {error:.3g}")
+        # each of the 256 int8 values comes out exactly (a sum of zeros and itself)
+        if not torch.equal(got := gemv(config, bits=bits)(every, one_hot, s=ones).float(), every[:, 0].float()):
+            raise SystemExit(f"int8 values ({config}, bits {bits}): {got.tolist()}")
+    print("int8 rows agree with their reference, every int8 value exact", flush=True)
 
 
 def streamed(n: int, k: int) -> list[torch.Tensor]:
@@ -268,18 +279,18 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
 
 def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
                pdl: int, config: Config = SHIPPED, glu: bool = True,
-               prefetch: int = PREFETCH) -> torch.Tensor:  # fmt: skip
+               prefetch: int = PREFETCH, bits: bool = INT8_BITS) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next (`glu=False`: as it called them before, SiLU(gate) * up
     computed by every program of `down`); the attention's output stands in
     for q's (its kernels are not probed). A layer's `<name>_scale` makes
     its weight int8 rows (int8_wo's layers; the lm_head stays bf16)."""
     normed, added = (
-        gemv(config, NORM, pdl=pdl, prefetch=prefetch),
-        gemv(config, residual=True, pdl=pdl, prefetch=prefetch),
+        gemv(config, NORM, pdl=pdl, prefetch=prefetch, bits=bits),
+        gemv(config, residual=True, pdl=pdl, prefetch=prefetch, bits=bits),
     )
-    gated = gemv(config, GATED, residual=True, pdl=pdl, prefetch=prefetch)
-    glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch)
+    gated = gemv(config, GATED, residual=True, pdl=pdl, prefetch=prefetch, bits=bits)
+    glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch, bits=bits)
     h = x
     for w in weights:
         scale = {name: w.get(f"{name}_scale") for name in ("qkv", "o", "gate_up", "down")}
@@ -320,18 +331,23 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     }
     other = 3 - PREFETCH  # the tiles before the wait the kernel does not ship with (1 or 2)
     early = f", {other} K step{'s' if other > 1 else ''} loaded before the wait"
-    chains = {(SHIPPED, True, PREFETCH, False): "", (SHIPPED, False, PREFETCH, False): ", SiLU * up in down (before)",
-              (SHIPPED, True, other, False): early}  # fmt: skip
-    chains |= {(config, True, PREFETCH, False): "" for config in configs if config != SHIPPED}
-    # int8_wo's layers: half the bytes a K step, so also steps of twice the K
-    chains |= {(config, True, PREFETCH, True): ", int8 rows (int8_wo)" for config in (INT8_SHIPPED, *INT8_CONFIGS)}
+    chains = {(SHIPPED, True, PREFETCH, None): "", (SHIPPED, False, PREFETCH, None): ", SiLU * up in down (before)",
+              (SHIPPED, True, other, None): early}  # fmt: skip
+    chains |= {(config, True, PREFETCH, None): "" for config in configs if config != SHIPPED}
+    # int8_wo's layers (half the bytes a K step, so also steps of twice the K), widened through fp32's bits
+    # as shipped (gemv.INT8_BITS), and at the shipped launch by the conversion instruction
+    bits, converted = ", int8 rows (int8_wo)", ", int8 rows (int8_wo), converted"
+    chains |= {(INT8_SHIPPED, True, PREFETCH, INT8_BITS): bits if INT8_BITS else converted,
+               (INT8_SHIPPED, True, PREFETCH, not INT8_BITS): converted if INT8_BITS else bits}  # fmt: skip
+    chains |= {(config, True, PREFETCH, INT8_BITS): bits for config in INT8_CONFIGS}
     int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
     rows, outputs, base = [], [], 0.0
-    for (config, glu, ahead, quantized), how in chains.items():
-        chosen = int8 if quantized else weights
+    for (config, glu, ahead, widen), how in chains.items():
+        chosen, b = (weights, INT8_BITS) if widen is None else (int8, widen)
         for pdl, name in modes.items():
-            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead))  # compiled, its output kept
-            chain = lambda _, p=pdl, c=config, g=glu, a=ahead, w=chosen: gemv_chain(w, head, x, norm, p, c, g, a)  # noqa: E731
+            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead, b))  # compiled, its output kept
+            run = functools.partial(gemv_chain, chosen, head, x, norm, pdl, config, glu, ahead, b)
+            chain = lambda _, run=run: run()  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us
             rows.append([f"{config}{how}", name, f"{us / 1000:.4f}", f"{us / base:.3f}"])

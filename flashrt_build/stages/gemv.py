@@ -44,6 +44,9 @@ EVICT, STAGES = True, 1
 # int8 rows: K steps of the same bytes as bf16's (each thread still loads 16 bytes a row, as PTX for sm_90 shows);
 # not yet timed: bench/gemv_fusion_probe.py --pdl-only times the int8 chain at 1024 and 2048
 INT8_BLOCK_K = 2 * BLOCK_K
+# int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened);
+# the probe times both (bench/gemv_fusion_probe.py --pdl-only)
+INT8_BITS = True
 # Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
 # (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both: the same on an H100
 # (0.8872 ms a chain against 0.8850, bench/results/gemv_pdl_probe_prefetch_h100.md), so 1.
@@ -79,7 +82,7 @@ def _launch(
         out if residual is None else residual.contiguous(), out, out if scale is None else scale.contiguous(), n, k,
         eps, PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         HAS_SCALE=scale is not None, EVICT=EVICT, PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=block_k, GLU=glu,
-        PREFETCH=PREFETCH, num_warps=WARPS, num_stages=STAGES,
+        PREFETCH=PREFETCH, INT8_BITS=INT8_BITS, num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return out
 

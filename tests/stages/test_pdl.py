@@ -96,7 +96,7 @@ def before_the_wait(lines: list[str]) -> list[str]:
 
 GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")} | {"s_ptr": "*fp32"}
 GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, HAS_SCALE=False, BLOCK_N=2, BLOCK_K=1024, EVICT=True,
-            GLU=False, PREFETCH=1)  # fmt: skip
+            GLU=False, PREFETCH=1, INT8_BITS=True)  # fmt: skip
 
 
 @pytest.mark.parametrize(("mode", "glu"), [(pdl.WAIT_THEN_LAUNCH, False), (pdl.LAUNCH_THEN_WAIT, False),
