@@ -76,7 +76,7 @@ from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 SHIPPED = (BLOCK_N, BLOCK_K, WARPS, STAGES, EVICT)
 # int8 rows' launch (K steps of bf16's bytes), and the int8 chain's others: bf16's K step, more warps or rows
 INT8_SHIPPED = (BLOCK_N, INT8_BLOCK_K, WARPS, STAGES, EVICT)
-INT8_CONFIGS = [(2, 1024, 4, 1, True), (2, 2048, 8, 1, True), (4, 2048, 4, 1, True), (4, 2048, 8, 1, True),
+INT8_CONFIGS = [(2, 2048, 4, 1, True), (2, 2048, 8, 1, True), (4, 2048, 4, 1, True), (4, 2048, 8, 1, True),
                 (8, 1024, 8, 1, True), (2, 4096, 8, 1, True)]  # fmt: skip
 
 

@@ -41,11 +41,11 @@ BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every 
 # Weights loaded evict-first (read once a step: L2 is left to x) without software pipelining: 2-4% off
 # every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
 EVICT, STAGES = True, 1
-# int8 rows: K steps of the same bytes as bf16's (each thread still loads 16 bytes a row, as PTX for sm_90 shows);
-# not yet timed: bench/gemv_fusion_probe.py --pdl-only times the int8 chain at 1024 and 2048
-INT8_BLOCK_K = 2 * BLOCK_K
-# int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened);
-# the probe times both (bench/gemv_fusion_probe.py --pdl-only)
+# int8 rows: bf16's K step (half its bytes a step): the int8 chain 0.7519 ms against 0.8374 at twice the K, the best
+# of seven launches (H100, bench/results/gemv_pdl_probe_int8_h100.md)
+INT8_BLOCK_K = BLOCK_K
+# int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened): the chain
+# 0.8374 ms against 0.8407 (H100, the probe above)
 INT8_BITS = True
 # Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
 # (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both: the same on an H100
