@@ -340,6 +340,8 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     chains |= {(INT8_SHIPPED, True, PREFETCH, INT8_BITS): bits if INT8_BITS else converted,
                (INT8_SHIPPED, True, PREFETCH, not INT8_BITS): converted if INT8_BITS else bits}  # fmt: skip
     chains |= {(config, True, PREFETCH, INT8_BITS): bits for config in INT8_CONFIGS}
+    # int8 rows take a register of fp32 sums for each byte they load: a second tile in flight costs few more
+    chains[(INT8_SHIPPED, True, other, INT8_BITS)] = bits + early
     int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
     rows, outputs, base = [], [], 0.0
     for (config, glu, ahead, widen), how in chains.items():
