@@ -59,6 +59,7 @@ from flashrt_build.stages.gemv import (  # noqa: E402
     BLOCK_K,
     BLOCK_N,
     EVICT,
+    FOLD,
     GATED,
     INT8_BITS,
     INT8_BLOCK_K,
@@ -113,13 +114,13 @@ EPS = 1e-5
 
 def gemv(
     config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0, glu: bool = False,
-    prefetch: int = PREFETCH, bits: bool = INT8_BITS,
+    prefetch: int = PREFETCH, bits: bool = INT8_BITS, fold: int = FOLD,
 ) -> Callable[..., torch.Tensor]:  # fmt: skip
     """The package's GEMV kernel (flashrt_build/stages/triton_kernels.py) at `config`, with a prologue and a
     residual add; `pdl`: with its wait (step_ready's mode), launched as a programmatic dependent (the pdl pass's
     launch); `glu`: w's rows gate's then up's, SiLU(gate) * up out (half the rows a program, as gemv.py launches it);
     `prefetch`: the weight tiles it loads before the wait; `bits`: int8 rows widened through fp32's bits (else
-    converted)."""
+    converted); `fold`: products summed that many neighbours at a time into the running sums."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
 
@@ -127,12 +128,13 @@ def gemv(
              s: torch.Tensor | None = None):  # fmt: skip
         """`s`: int8 rows' scales (w int8, as int8_wo's layers call it)."""
         (n, program_rows), k = launch_rows(w.shape[0], block_n, glu), w.shape[1]
+        step = min(block_k, triton.next_power_of_2(k))
         y = torch.empty(n, device=w.device, dtype=x.dtype)
         flashrt_pdl_gemv[(triton.cdiv(n, program_rows),)](
             w, x, x if v is None else v, w, y if r is None else r, y, w if s is None else s, n, k, EPS,
             PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, HAS_SCALE=s is not None, BLOCK_N=program_rows,
-            BLOCK_K=min(block_k, triton.next_power_of_2(k)), EVICT=evict, PDL=pdl, GLU=glu, PREFETCH=prefetch,
-            INT8_BITS=bits, num_warps=warps, num_stages=stages, **launch,
+            BLOCK_K=step, EVICT=evict, PDL=pdl, GLU=glu, PREFETCH=prefetch,
+            INT8_BITS=bits, FOLD=min(fold, step), num_warps=warps, num_stages=stages, **launch,
         )  # fmt: skip
         return y
 
@@ -225,17 +227,20 @@ def check(device: str) -> None:
     every = torch.arange(-128, 128, device=device).to(torch.int8)[:, None].expand(256, 96).contiguous()
     one_hot, ones = torch.zeros(96, device=device, dtype=torch.bfloat16), torch.ones(256, 1, device=device)
     one_hot[37] = 1
-    for config, bits in itertools.product(CHECKED, (True, False)):
+    # and bf16 and int8 rows with their products folded 8 at a time into the running sums
+    for config, bits, fold in itertools.product(CHECKED, (True, False), (1, 8)):
         w = torch.randn(24, 96, device=device).to(torch.bfloat16)
         quantized, x = int8_rows("w", w), inputs(96, 96, device)[0]
         expected = (quantized["w"].float() * quantized["w_scale"]) @ x.float()
-        got = gemv(config, bits=bits)(quantized["w"], x, s=quantized["w_scale"]).float()
-        if (error := ((got - expected).norm() / expected.norm()).item()) > 1e-2:
-            raise SystemExit(f"int8 rows ({config}, bits {bits}): relative error {error:.3g}")
+        got = gemv(config, bits=bits, fold=fold)(quantized["w"], x, s=quantized["w_scale"]).float()
+        float_error = (gemv(config, fold=fold)(w, x).float() - w.float() @ x.float()).norm() / expected.norm()
+        if (error := max(((got - expected).norm() / expected.norm()).item(), float_error.item())) > 1e-2:
+            raise SystemExit(f"int8 rows or bf16 ({config}, bits {bits}, fold {fold}): relative error {error:.3g}")
         # each of the 256 int8 values comes out exactly (a sum of zeros and itself)
-        if not torch.equal(got := gemv(config, bits=bits)(every, one_hot, s=ones).float(), every[:, 0].float()):
-            raise SystemExit(f"int8 values ({config}, bits {bits}): {got.tolist()}")
-    print("int8 rows agree with their reference, every int8 value exact", flush=True)
+        got = gemv(config, bits=bits, fold=fold)(every, one_hot, s=ones).float()
+        if not torch.equal(got, every[:, 0].float()):
+            raise SystemExit(f"int8 values ({config}, bits {bits}, fold {fold}): {got.tolist()}")
+    print("int8 rows agree with their reference, every int8 value exact, folded or not", flush=True)
 
 
 def streamed(n: int, k: int) -> list[torch.Tensor]:
@@ -279,18 +284,18 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
 
 def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
                pdl: int, config: Config = SHIPPED, glu: bool = True,
-               prefetch: int = PREFETCH, bits: bool = INT8_BITS) -> torch.Tensor:  # fmt: skip
+               prefetch: int = PREFETCH, bits: bool = INT8_BITS, fold: int = FOLD) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next (`glu=False`: as it called them before, SiLU(gate) * up
     computed by every program of `down`); the attention's output stands in
     for q's (its kernels are not probed). A layer's `<name>_scale` makes
     its weight int8 rows (int8_wo's layers; the lm_head stays bf16)."""
     normed, added = (
-        gemv(config, NORM, pdl=pdl, prefetch=prefetch, bits=bits),
-        gemv(config, residual=True, pdl=pdl, prefetch=prefetch, bits=bits),
+        gemv(config, NORM, pdl=pdl, prefetch=prefetch, bits=bits, fold=fold),
+        gemv(config, residual=True, pdl=pdl, prefetch=prefetch, bits=bits, fold=fold),
     )
-    gated = gemv(config, GATED, residual=True, pdl=pdl, prefetch=prefetch, bits=bits)
-    glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch, bits=bits)
+    gated = gemv(config, GATED, residual=True, pdl=pdl, prefetch=prefetch, bits=bits, fold=fold)
+    glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch, bits=bits, fold=fold)
     h = x
     for w in weights:
         scale = {name: w.get(f"{name}_scale") for name in ("qkv", "o", "gate_up", "down")}
@@ -331,24 +336,32 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     }
     other = 3 - PREFETCH  # the tiles before the wait the kernel does not ship with (1 or 2)
     early = f", {other} K step{'s' if other > 1 else ''} loaded before the wait"
-    chains = {(SHIPPED, True, PREFETCH, None): "", (SHIPPED, False, PREFETCH, None): ", SiLU * up in down (before)",
-              (SHIPPED, True, other, None): early}  # fmt: skip
-    chains |= {(config, True, PREFETCH, None): "" for config in configs if config != SHIPPED}
+    plain = (PREFETCH, None, FOLD)  # K tiles before the wait, int8 widening (None: bf16), products folded
+    chains = {(SHIPPED, True, *plain): "", (SHIPPED, False, *plain): ", SiLU * up in down (before)",
+              (SHIPPED, True, other, None, FOLD): early}  # fmt: skip
+    chains |= {(config, True, *plain): "" for config in configs if config != SHIPPED}
     # int8_wo's layers (half the bytes a K step, so also steps of twice the K), widened through fp32's bits
     # as shipped (gemv.INT8_BITS), and at the shipped launch by the conversion instruction
     bits, converted = ", int8 rows (int8_wo)", ", int8 rows (int8_wo), converted"
-    chains |= {(INT8_SHIPPED, True, PREFETCH, INT8_BITS): bits if INT8_BITS else converted,
-               (INT8_SHIPPED, True, PREFETCH, not INT8_BITS): converted if INT8_BITS else bits}  # fmt: skip
-    chains |= {(config, True, PREFETCH, INT8_BITS): bits for config in INT8_CONFIGS}
-    # int8 rows take a register of fp32 sums for each byte they load: a second tile in flight costs few more
-    chains[(INT8_SHIPPED, True, other, INT8_BITS)] = bits + early
+    chains |= {(INT8_SHIPPED, True, PREFETCH, INT8_BITS, FOLD): bits if INT8_BITS else converted,
+               (INT8_SHIPPED, True, PREFETCH, not INT8_BITS, FOLD): converted if INT8_BITS else bits}  # fmt: skip
+    chains |= {(config, True, PREFETCH, INT8_BITS, FOLD): bits for config in INT8_CONFIGS}
+    # int8 rows take a register of fp32 sums for each byte they load: a second tile in flight costs few more, and
+    # products folded 8 at a time (a thread's neighbours from one load) take 8 times fewer registers for the sums
+    chains[(INT8_SHIPPED, True, other, INT8_BITS, FOLD)] = bits + early
+    folded = 8 if FOLD == 1 else 1
+    fold_note = f", products folded {folded} at a time"
+    chains[(SHIPPED, True, PREFETCH, None, folded)] = fold_note
+    chains[(SHIPPED, True, other, None, folded)] = early + fold_note
+    chains[(INT8_SHIPPED, True, PREFETCH, INT8_BITS, folded)] = bits + fold_note
+    chains[(INT8_SHIPPED, True, other, INT8_BITS, folded)] = bits + early + fold_note
     int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
     rows, outputs, base = [], [], 0.0
-    for (config, glu, ahead, widen), how in chains.items():
+    for (config, glu, ahead, widen, fold), how in chains.items():
         chosen, b = (weights, INT8_BITS) if widen is None else (int8, widen)
         for pdl, name in modes.items():
-            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead, b))  # compiled, its output kept
-            run = functools.partial(gemv_chain, chosen, head, x, norm, pdl, config, glu, ahead, b)
+            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead, b, fold))  # compiled, output kept
+            run = functools.partial(gemv_chain, chosen, head, x, norm, pdl, config, glu, ahead, b, fold)
             chain = lambda _, run=run: run()  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us

@@ -25,26 +25,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_build.stages.gemv import NORM  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
-# block_n, block_k, warps, K tiles a program has in flight (gemv.PREFETCH: 2 loads the next tile before the sums)
-LAUNCHES = [
-    (2, 512, 4, 1),
-    (2, 1024, 4, 1),
-    (2, 1024, 4, 2),
-    (2, 2048, 4, 1),
-    (4, 1024, 4, 1),
-    (4, 1024, 8, 1),
-    (8, 512, 4, 1),
-]
+# block_n, block_k, warps, K tiles a program has in flight (gemv.PREFETCH: 2 loads the next tile before the sums),
+# products folded into the running sums at a time (gemv.FOLD)
+LAUNCHES = [(2, 512, 4, 1, 1), (2, 1024, 4, 1, 1), (2, 1024, 4, 2, 1), (2, 1024, 4, 1, 8), (2, 1024, 4, 2, 8),
+            (2, 2048, 4, 1, 1), (4, 1024, 4, 1, 1), (4, 1024, 8, 1, 1), (8, 512, 4, 1, 1)]  # fmt: skip
 REGISTERS_AN_SM, WARP = 65536, 32
 
 
-def registers(weight: str, block_n: int, block_k: int, warps: int, prefetch: int, glu: bool) -> int:
+def registers(weight: str, block_n: int, block_k: int, warps: int, prefetch: int, fold: int, glu: bool) -> int:
     """ptxas's count for the kernel as a normed GEMV calls it (PDL on, evict-first, one stage)."""
     fn = flashrt_pdl_gemv
     types = {name: "*bf16" for name in ("x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")}
     types |= {"w_ptr": weight, "s_ptr": "*fp32", "N": "i32", "K": "i32", "eps": "fp32"}
     constexprs = dict(PROLOGUE=NORM, HAS_BIAS=False, HAS_RESIDUAL=False, HAS_SCALE=weight == "*i8", BLOCK_N=block_n,
-                      BLOCK_K=block_k, EVICT=True, PDL=2, GLU=glu, PREFETCH=prefetch, INT8_BITS=True)  # fmt: skip
+                      BLOCK_K=block_k, EVICT=True, PDL=2, GLU=glu, PREFETCH=prefetch, INT8_BITS=True,
+                      FOLD=fold)  # fmt: skip
     source = ASTSource(
         fn=fn,
         signature={name: types.get(name, "constexpr") for name in fn.arg_names},
@@ -62,11 +57,11 @@ def registers(weight: str, block_n: int, block_k: int, warps: int, prefetch: int
 
 
 def main() -> None:
-    print("| weights | launch (block_n, block_k, warps, tiles in flight) | glu | registers a thread | programs an SM "
-          "| weight bytes in flight an SM (KB) |")  # fmt: skip
+    print("| weights | launch (block_n, block_k, warps, tiles in flight, fold) | glu | registers a thread "
+          "| programs an SM | weight bytes in flight an SM (KB) |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|")
     for (weight, size), launch, glu in itertools.product((("*bf16", 2), ("*i8", 1)), LAUNCHES, (False, True)):
-        block_n, block_k, warps, tiles = launch
+        block_n, block_k, warps, tiles, _ = launch
         count = registers(weight, *launch, glu)
         programs = REGISTERS_AN_SM // (count * warps * WARP)
         in_flight = programs * tiles * block_n * (2 if glu else 1) * block_k * size / 1024
