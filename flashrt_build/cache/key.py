@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..config.schema import PASS_SWITCHES
 from ..config.spec import BuildSpec
 from ..config.targets import source_tree_sha256
 from ..config.toolchain import KEY_FIELDS
@@ -149,18 +150,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "methods": {name: dict(options) for name, options in spec.method_inductor_options.items()},
         },
         "quant": None if spec.quant is None else spec.quant.to_json(),  # its name and rules
-        "passes": {
-            "name": spec.passes,
-            "fuse_projections": spec.fuse_projections,
-            "grouped_attention": spec.grouped_attention,
-            "gemv": spec.gemv,
-            "gemv_fusion": spec.gemv_fusion,
-            "decode_attention": spec.decode_attention,
-            "rotary_fusion": spec.rotary_fusion,
-            "one_kernel_attention": spec.one_kernel_attention,
-            "combo_kernels": spec.combo_kernels,
-            "pdl": spec.pdl,
-        },
+        "passes": {"name": spec.passes, **{switch: getattr(spec, switch) for switch in PASS_SWITCHES}},
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's
         # defaults are the build key's alone (toggling them never recompiles).

@@ -9,7 +9,7 @@ composed config against the schema to catch them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -210,6 +210,10 @@ class PassesConfig:
     # The package's own kernels (GEMV, decode attention) start while the kernel
     # before them finishes: programmatic dependent launch (Hopper on).
     pdl: bool = False
+
+
+# Each pass's switch, as the `passes` group spells it: the spec, the build key and `any_pass` read this list
+PASS_SWITCHES = tuple(f.name for f in fields(PassesConfig) if f.name != "name")
 
 
 @dataclass

@@ -29,7 +29,7 @@ from .module import resolve_module
 from .paths import derive_output_dir, resolve_outputs
 from .problems import Problems, raise_all
 from .quant import QuantRecipe
-from .schema import StateMode, WeightsMode, plain
+from .schema import PASS_SWITCHES, StateMode, WeightsMode, plain
 
 __all__ = ["TF32_TOLERANCES", "BuildSpec", "derive_output_dir", "flatten_options", "profile_options", "resolve_spec"]
 
@@ -75,6 +75,7 @@ class BuildSpec:
     method_inductor_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     quant: QuantRecipe | None = None  # None: weights as the module holds them
     passes: str = "none"  # the `passes` group's name
+    # passes.<switch>, one field each of schema.PASS_SWITCHES (test_spec checks they are the same)
     fuse_projections: bool = False  # passes.fuse_projections
     grouped_attention: bool = False  # passes.grouped_attention
     gemv: bool = False  # passes.gemv
@@ -91,9 +92,7 @@ class BuildSpec:
     @property
     def any_pass(self) -> bool:
         """Does the `passes` group turn any pass on?"""
-        passes = (self.fuse_projections, self.grouped_attention, self.gemv, self.gemv_fusion, self.decode_attention,
-                  self.rotary_fusion, self.one_kernel_attention, self.combo_kernels, self.pdl)  # fmt: skip
-        return any(passes)
+        return any(getattr(self, switch) for switch in PASS_SWITCHES)
 
     @property
     def combo_methods(self) -> tuple[str, ...]:
@@ -149,6 +148,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     module = resolve_module(config, cwd, problems)
     device, dtype, tf32 = resolve_target(config["target"], problems)
     checks = resolve_checks(config, device, dtype, tf32, problems)
+    switches: dict[str, Any] = {switch: bool(config["passes"][switch]) for switch in PASS_SWITCHES}
     compiler = resolve_compiler(config, module.methods, problems)
     output_root, output_dir = resolve_outputs(config, cwd, problems)
     files = module.files + (problems.check(model_files, module.model, cwd, output_root) or [])
@@ -181,15 +181,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         method_inductor_options=compiler.method_inductor_options,
         quant=compiler.quant,
         passes=str(config["passes"]["name"]),
-        fuse_projections=bool(config["passes"]["fuse_projections"]),
-        grouped_attention=bool(config["passes"]["grouped_attention"]),
-        gemv=bool(config["passes"]["gemv"]),
-        gemv_fusion=bool(config["passes"]["gemv_fusion"]),
-        decode_attention=bool(config["passes"]["decode_attention"]),
-        rotary_fusion=bool(config["passes"]["rotary_fusion"]),
-        one_kernel_attention=bool(config["passes"]["one_kernel_attention"]),
-        combo_kernels=bool(config["passes"]["combo_kernels"]),
-        pdl=bool(config["passes"]["pdl"]),
+        **switches,
         import_paths=module.import_paths,
         allowed_targets=module.allowed_targets,
         target_name=str(config["target"]["name"]),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from clitools import mounted
 
 from flashrt_build.config.compose import CONF_DIR, as_build_config, compose
-from flashrt_build.config.schema import WeightsMode
+from flashrt_build.config.schema import PASS_SWITCHES, WeightsMode
 from flashrt_build.config.spec import flatten_options, resolve_spec
 from flashrt_build.errors import ConfigError
 
@@ -99,6 +100,17 @@ def test_mlp_spec_resolves_types_and_dynamic_dims() -> None:
     assert x.dynamic[0].name == "batch" and (x.dynamic[0].min, x.dynamic[0].max) == (1, 64)
     assert spec.target == "flashrt_build.examples.MLP"
     assert (spec.device, spec.dtype) == ("cpu", "float32")
+
+
+def test_each_pass_switch_is_read_once_into_the_spec_and_any_pass() -> None:
+    """The `passes` group's switches (schema.PassesConfig) are the spec's and
+    `any_pass`'s: a switch the schema adds without a spec field fails here."""
+    spec = spec_of("passes=llm")
+    on = {switch for switch in PASS_SWITCHES if getattr(spec, switch)}
+    assert on and set(PASS_SWITCHES) - on  # llm turns some on, not all
+    assert set(PASS_SWITCHES) <= {f.name for f in fields(spec)}
+    assert spec.any_pass and not spec_of().any_pass
+    assert spec_of("passes.pdl=true").any_pass
 
 
 def test_bert_shares_one_sequence_dim() -> None:
