@@ -20,6 +20,7 @@ from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F40
 from flashrt_build.stages.custom_ops import triton_calls
 from flashrt_build.stages.decode_attention import (
     BLOCK_L,
+    OPS,
     PROGRAMS,
     decode_attention_op,
     one_token_mask,
@@ -96,6 +97,19 @@ def test_the_kernel_attends_as_sdpa_does_in_the_triton_interpreter() -> None:
 def test_the_compiled_kernel_attends_as_sdpa_does() -> None:
     """The same on a GPU: Triton compiled, its dots in TF32."""
     attends_as_sdpa("cuda")
+
+
+def test_no_operator_mutates_an_argument_a_call_may_leave_out() -> None:
+    """torch 2.11 (the GPU image's) bumps each mutated argument's version by
+    its position: one a call leaves out (an optional's default) indexes past
+    the call's arguments, and every two-kernel decode step failed to export
+    so. The counts are the merging operator's own, and required."""
+    decode_attention_op()
+    plain, merged = (getattr(torch.ops.flashrt, name.split("::")[1]).default._schema for name in OPS)
+    assert not [a for a in plain.arguments if a.alias_info is not None and a.alias_info.is_write]
+    (written,) = [a for a in merged.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert written.name == "counts" and not written.has_default_value()
+    assert not isinstance(written.type, torch.OptionalType)
 
 
 @pytest.mark.parametrize(("pairs", "length"), [(8, 1024), (1, 300), (8, 64), (256, 4096), (2, 1)])
