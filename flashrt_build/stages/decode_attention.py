@@ -77,8 +77,8 @@ def decode_attention_op() -> Any:
     zero after each call), `flashrt::decode_attention_merged`, one kernel:
     each pair's last program merges its chunks (triton_kernels.merge_if_last).
     Two operators, not one with optional counts: torch 2.11 bumps the version
-    of each mutated argument by position, past the end of a call that
-    leaves the defaults out (IndexError) and on None where one passes them."""
+    of each mutated argument by its position, past the end of a call that
+    leaves the defaults out (an IndexError that failed every export)."""
     from torch.library import triton_op
 
     @triton_op(OPS[0], mutates_args=())
