@@ -102,13 +102,11 @@ def flashrt_pdl_gemv(
     x as it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
     anyway and scales its sums once at the end), or SiLU(x) * v. GLU: w holds
     2N rows, gate's then up's, and y[n] = SiLU(gate[n]) * up[n] (a program
-    sums its gate rows and the up rows N below them).
-
-    The first weight tile (PREFETCH=2: the first two, then each step
-    loads the tile after the next) is loaded before the program waits on
-    the kernel before it (PDL: in a package the pdl pass launches as a
-    programmatic dependent): the weights do not depend on the step, so
-    they stream in while that kernel finishes."""
+    sums its gate rows and the up rows N below them). The first weight
+    tile (PREFETCH=2: the first two, then each step loads the tile after the
+    next) is loaded before the program waits on the kernel before it (PDL:
+    in a package the pdl pass launches as a programmatic dependent): the
+    weights do not depend on the step, so they stream in meanwhile."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N, BLOCK_K // FOLD), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
