@@ -70,7 +70,7 @@ from flashrt_build.stages.gemv import (  # noqa: E402
     WARPS,
     launch_rows,
 )
-from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, WAIT_THEN_LAUNCH  # noqa: E402
+from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, MODE, WAIT_THEN_LAUNCH  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
@@ -316,6 +316,44 @@ def int8_rows(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: (w.float() / scale).round().clamp(-127, 127).to(torch.int8), f"{name}_scale": scale}
 
 
+# (weights, (block_n, block_k, warps), K tiles in flight, fold): the shipped chains, then folded launches, more rows a
+# program (each program reads all of x and the norm's weights: at two int8 rows as many bytes as its weights)
+FOLD_SWEEP = [
+    ("bf16", (BLOCK_N, BLOCK_K, WARPS), PREFETCH, FOLD),
+    ("int8", (BLOCK_N, INT8_BLOCK_K, WARPS), PREFETCH, FOLD),
+]
+FOLD_SWEEP += [(w, launch, tiles, 8) for w in ("bf16", "int8") for launch in ((2, 1024, 4), (4, 1024, 4), (8, 512, 4),
+               (4, 1024, 8)) for tiles in (1, 2)]  # fmt: skip
+
+
+def fold_sweep(layers: int, replays: int) -> list[list[str]]:
+    """A decode step's GEMV chain (as pdl_chain's, launched as the package
+    launches it) at FOLD_SWEEP's launches: table rows (ms a step, against
+    the shipped chain of the same weights, its output's relative distance
+    from that chain's: the sums in another order)."""
+    sizes = {name: (n, k) for name, n, k, _ in SHAPES}
+    make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.bfloat16) / shape[-1] ** 0.5  # noqa: E731
+    weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
+    head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
+    chosen = {
+        "bf16": weights,
+        "int8": [{**w, **{k: v for n in w for k, v in int8_rows(n, w[n]).items()}} for w in weights],
+    }
+    rows, shipped = [], {}
+    for kind, launch, tiles, fold in FOLD_SWEEP:
+        config = (*launch, STAGES, EVICT)
+        run = functools.partial(gemv_chain, chosen[kind], head, x, norm, MODE, config, True, tiles, INT8_BITS, fold)
+        out = run().float()
+        us = min(replayed_us(lambda _, run=run: run(), [head], replays) for _ in range(3))
+        base, reference = shipped.setdefault(kind, (us, out))
+        distance = ((out - reference).norm() / reference.norm()).item()
+        rows.append(
+            [kind, str(launch), str(tiles), str(fold), f"{us / 1000:.4f}", f"{us / base:.3f}", f"{distance:.1e}"]
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[list[str]], bool]:
     """A decode step's GEMV chain (Llama-3.2-1B's shapes, the gemv_fusion
     pass's kernels) replayed from a CUDA graph, without and with PDL: as
@@ -414,6 +452,7 @@ def main() -> None:
         help="launches the PDL chain tries beside the shipped one (block_n:block_k:warps)",
     )
     parser.add_argument("--fused-only", action="store_true", help="only the fused kernels' configurations")
+    parser.add_argument("--fold-sweep", action="store_true", help="only the chain folded, more rows, tiles in flight")
     args = parser.parse_args()
     if args.check:
         check("cpu" if not torch.cuda.is_available() else "cuda")
@@ -430,6 +469,16 @@ def main() -> None:
             ["fusion", "N x K", "shipped us", "best us", "best config", "best / shipped", "us saved a step"], fused,
             "lrrrlrr")  # fmt: skip
         publish(RESULTS / f"gemv_fused_configs_{tag}.md", "The fused GEMVs' configurations",
+                "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
+        return
+    if args.fold_sweep:
+        body = (
+            f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, the shipped PDL\n\n"
+        )
+        body += table(["weights", "launch (block_n, block_k, warps)", "K tiles in flight", "fold", "ms a step",
+                       "against the shipped chain", "output's distance from it"], fold_sweep(args.layers,
+                       10 * args.replays), "lllrrrr")  # fmt: skip
+        publish(RESULTS / f"gemv_fold_sweep_{tag}.md", "The GEMV chain folded, with more rows and tiles in flight",
                 "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
         return
     chain, same = pdl_chain(args.layers, 10 * args.replays, args.pdl_configs)
