@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from unittest import mock
 
@@ -48,8 +49,18 @@ def test_external_package_holds_no_weight_bytes(
     ratio = external["package"]["bytes"] / baked["package"]["bytes"]
     print(f"gpt2_tiny external/baked package size: {ratio:.3f}")
     assert ratio < 0.6
-    assert baked["package"]["bytes"] - external["package"]["bytes"] >= 0.95 * weight_bytes
     assert external["weights"]["bytes"] >= weight_bytes
+    # Each weight's bytes are in the baked package and in no file of the external one (the package sizes' difference
+    # also moves with the compiled code: 95.0% of the weights' bytes in one run, 100.5% in another). Tensors of one
+    # repeated byte (GPT-2's zero biases) are skipped: any binary holds those.
+    sidecar = load_file(gpt2_external_build.output_dir / "weights.safetensors")
+    weights = [t.contiguous().view(torch.uint8).numpy().tobytes() for t in sidecar.values()]
+    weights = [raw for raw in weights if len(raw) >= 1024 and raw.count(raw[:1]) < len(raw)]
+    assert len(weights) >= 10
+    for build, holds in ((gpt2_build, True), (gpt2_external_build, False)):
+        with zipfile.ZipFile(build.output_dir / "model.pt2") as package:
+            files = [package.read(member) for member in package.infolist()]
+        assert [any(raw in data for data in files) for raw in weights] == [holds] * len(weights)
 
 
 def test_sidecar_holds_exactly_the_bound_tensors(gpt2_external_build: flashrt_build.BuildResult) -> None:
