@@ -98,7 +98,9 @@ def main() -> None:
                 return {"failed": str(failed), "overrides": more}
             compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
             passes = {k: v for k, v in manifest.get("passes", {}).items() if k != "fuse_projections"}  # what each did
-            return {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more, "passes": passes}
+            weight_bytes = (manifest.get("weights") or {}).get("bytes")  # the sidecar's: every weight the step reads
+            return {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more, "passes": passes,
+                    "weight_bytes": weight_bytes}  # fmt: skip
 
         # Each build is its own CLI process: --jobs of them compile side by side, their build seconds sharing the CPU.
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -284,6 +286,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         text += f"\n\nBuild {name} (`{' '.join(build['overrides'])}`): "
         text += (f"**failed**: {build['failed']}" if "failed" in build else
                  f"{build['build_s']:.0f} s (compile: {build['compile_s']})")  # fmt: skip
+        step = (decode or {}).get("package" if packages == ["package"] else f"package {name}")
+        if step and build.get("weight_bytes"):  # the pace against the memory: a step reads each weight once
+            gb, ms = build["weight_bytes"] / 1e9, step["median"]
+            text += f"; weights {gb:.2f} GB, over its decode step {gb / ms:.2f} TB/s"
     for name, profile in (results.get("decode_profile") or {}).items():
         if profile:
             text += f"\n\n{name}: {profile['kernels']} kernels in a plain decode step, "
