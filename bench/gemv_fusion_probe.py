@@ -316,6 +316,19 @@ def int8_rows(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: (w.float() / scale).round().clamp(-127, 127).to(torch.int8), f"{name}_scale": scale}
 
 
+def chain_inputs(layers: int) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]], torch.Tensor,
+                                       torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A decode step's GEMV chain's operands at Llama-3.2-1B's shapes: each
+    layer's bf16 weights, the same as int8 rows and their scales, the
+    lm_head, the norm's weights and the input x."""
+    sizes = {name: (n, k) for name, n, k, _ in SHAPES}
+    make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.bfloat16) / shape[-1] ** 0.5  # noqa: E731
+    weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
+    head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
+    int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
+    return weights, int8, head, norm, x
+
+
 # (weights, (block_n, block_k, warps), K tiles in flight, fold): the shipped chains, then folded launches, more rows a
 # program (each program reads all of x and the norm's weights: at two int8 rows as many bytes as its weights)
 FOLD_SWEEP = [
@@ -331,14 +344,8 @@ def fold_sweep(layers: int, replays: int) -> list[list[str]]:
     launches it) at FOLD_SWEEP's launches: table rows (ms a step, against
     the shipped chain of the same weights, its output's relative distance
     from that chain's: the sums in another order)."""
-    sizes = {name: (n, k) for name, n, k, _ in SHAPES}
-    make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.bfloat16) / shape[-1] ** 0.5  # noqa: E731
-    weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
-    head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
-    chosen = {
-        "bf16": weights,
-        "int8": [{**w, **{k: v for n in w for k, v in int8_rows(n, w[n]).items()}} for w in weights],
-    }
+    weights, int8, head, norm, x = chain_inputs(layers)
+    chosen = {"bf16": weights, "int8": int8}
     rows, shipped = [], {}
     for kind, launch, tiles, fold in FOLD_SWEEP:
         config = (*launch, STAGES, EVICT)
@@ -362,10 +369,7 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     wait). Table rows (ms a step, ratio against the first, plain) and
     whether each chain gave the same bits with PDL as without (run eagerly,
     launched as in the graph)."""
-    sizes = {name: (n, k) for name, n, k, _ in SHAPES}
-    make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.bfloat16) / shape[-1] ** 0.5  # noqa: E731
-    weights = [{name: make(*sizes[name]) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
-    head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
+    weights, int8, head, norm, x = chain_inputs(layers)
 
     modes = {
         0: "plain",
@@ -393,7 +397,6 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     chains[(SHIPPED, True, other, None, folded)] = early + fold_note
     chains[(INT8_SHIPPED, True, PREFETCH, INT8_BITS, folded)] = bits + fold_note
     chains[(INT8_SHIPPED, True, other, INT8_BITS, folded)] = bits + early + fold_note
-    int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
     rows, outputs, base = [], [], 0.0
     for (config, glu, ahead, widen, fold), how in chains.items():
         chosen, b = (weights, INT8_BITS) if widen is None else (int8, widen)
