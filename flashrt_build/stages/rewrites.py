@@ -1,8 +1,9 @@
 """The passes that rewrite an exported graph, after torch.export and before
-the compile, in one table: which switch turns each on, what it does to a
-program, and how its log note reads. The export stage runs the ones a build
-turns on over every method's program; each one's counts by method become
-the manifest's `passes.<name>.methods` (empty where it found nothing)."""
+the compile, in one table: what each does to a program and how its log
+note reads; its name is its switch (`passes.<name>`). The export stage
+runs the ones a build turns on over every method's program; each one's
+counts by method become the manifest's `passes.<name>.methods` (empty
+where it found nothing)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ Counts = dict[str, int]  # what one rewrite did to one method's program, by kind
 
 @dataclass(frozen=True)
 class Rewrite:
-    name: str  # the pass (`passes.<name>`), and its manifest entry
-    enabled: Callable[[BuildSpec], bool]
+    name: str  # the pass: its switch (`passes.<name>`, schema.PASS_SWITCHES) and its manifest entry
     run: Callable[[torch.export.ExportedProgram], Counts]  # rewrites in place; {} where nothing matched
     said: Callable[[Counts], str]  # the log's words for one method's counts
 
@@ -35,19 +35,16 @@ def _gemv_fusion(program: torch.export.ExportedProgram) -> Counts:
 REWRITES = (
     Rewrite(
         "gemv_fusion",
-        lambda spec: spec.gemv_fusion,
         _gemv_fusion,
         lambda took: "fused into GEMVs " + ", ".join(f"{count} {what}" for what, count in took.items()),
     ),
     Rewrite(
         "rotary_fusion",
-        lambda spec: spec.rotary_fusion,
         lambda program: {"queries": queries} if (queries := fuse_rotary(program)) else {},
         lambda took: f"{took['queries']} queries rotated in the attention kernel",
     ),
     Rewrite(
         "decode_attention",  # the part of that pass made in the graph: its masks shared
-        lambda spec: spec.decode_attention,
         lambda program: {"masks_shared": masks} if (masks := share_masks(program)) else {},
         lambda took: f"{took['masks_shared']} attention calls take an earlier call's mask",
     ),
@@ -56,7 +53,7 @@ REWRITES = (
 
 def enabled_rewrites(spec: BuildSpec) -> tuple[Rewrite, ...]:
     """The rewrites `spec` turns on, in the order they run."""
-    return tuple(rewrite for rewrite in REWRITES if rewrite.enabled(spec))
+    return tuple(rewrite for rewrite in REWRITES if getattr(spec, rewrite.name))
 
 
 def rewrites_note(done: dict[str, dict[str, Counts]]) -> str:
