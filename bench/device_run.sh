@@ -60,8 +60,6 @@ for step in "$@"; do
       cmd=(python3 bench/decode_attention_probe.py) ;;
     gemv)  # cuBLAS against a Triton GEMV at the decode step's shapes
       cmd=(python3 bench/gemv_probe.py --block-n 2,4,8,16 --block-k 256,512,1024 --split-k 1,2,4 --warps 4,8) ;;
-    fold_sweep)  # the GEMV chain, bf16 and int8, its products folded 8 at a time, 2-8 rows a program, 1-2 K tiles in flight
-      cmd=(python3 bench/gemv_fusion_probe.py --fold-sweep) ;;
     fusion)  # the GEMV's configurations on this GPU, and its neighbours (norm, SiLU, residual add) fused in
       cmd=(python3 bench/gemv_fusion_probe.py) ;;
     code)  # the decode step's generated code (2 layers at Llama-3.2-1B's width, passes=llm): which kernels, from what

@@ -59,7 +59,6 @@ from flashrt_build.stages.gemv import (  # noqa: E402
     BLOCK_K,
     BLOCK_N,
     EVICT,
-    FOLD,
     GATED,
     INT8_BITS,
     INT8_BLOCK_K,
@@ -70,7 +69,7 @@ from flashrt_build.stages.gemv import (  # noqa: E402
     WARPS,
     launch_rows,
 )
-from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, MODE, WAIT_THEN_LAUNCH  # noqa: E402
+from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, WAIT_THEN_LAUNCH  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
@@ -114,13 +113,13 @@ EPS = 1e-5
 
 def gemv(
     config: Config, prologue: int = NONE, residual: bool = False, pdl: int = 0, glu: bool = False,
-    prefetch: int = PREFETCH, bits: bool = INT8_BITS, fold: int = FOLD,
+    prefetch: int = PREFETCH, bits: bool = INT8_BITS,
 ) -> Callable[..., torch.Tensor]:  # fmt: skip
     """The package's GEMV kernel (flashrt_build/stages/triton_kernels.py) at `config`, with a prologue and a
     residual add; `pdl`: with its wait (step_ready's mode), launched as a programmatic dependent (the pdl pass's
     launch); `glu`: w's rows gate's then up's, SiLU(gate) * up out (half the rows a program, as gemv.py launches it);
     `prefetch`: the weight tiles it loads before the wait; `bits`: int8 rows widened through fp32's bits (else
-    converted); `fold`: products summed that many neighbours at a time into the running sums."""
+    converted)."""
     block_n, block_k, warps, stages, evict = config
     launch = {"launch_pdl": True} if pdl else {}
 
@@ -134,7 +133,7 @@ def gemv(
             w, x, x if v is None else v, w, y if r is None else r, y, w if s is None else s, n, k, EPS,
             PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=residual, HAS_SCALE=s is not None, BLOCK_N=program_rows,
             BLOCK_K=step, EVICT=evict, PDL=pdl, GLU=glu, PREFETCH=prefetch,
-            INT8_BITS=bits, FOLD=min(fold, step), num_warps=warps, num_stages=stages, **launch,
+            INT8_BITS=bits, num_warps=warps, num_stages=stages, **launch,
         )  # fmt: skip
         return y
 
@@ -227,20 +226,19 @@ def check(device: str) -> None:
     every = torch.arange(-128, 128, device=device).to(torch.int8)[:, None].expand(256, 96).contiguous()
     one_hot, ones = torch.zeros(96, device=device, dtype=torch.bfloat16), torch.ones(256, 1, device=device)
     one_hot[37] = 1
-    # and bf16 and int8 rows with their products folded 8 at a time into the running sums
-    for config, bits, fold in itertools.product(CHECKED, (True, False), (1, 8)):
+    for config, bits in itertools.product(CHECKED, (True, False)):
         w = torch.randn(24, 96, device=device).to(torch.bfloat16)
         quantized, x = int8_rows("w", w), inputs(96, 96, device)[0]
         expected = (quantized["w"].float() * quantized["w_scale"]) @ x.float()
-        got = gemv(config, bits=bits, fold=fold)(quantized["w"], x, s=quantized["w_scale"]).float()
-        float_error = (gemv(config, fold=fold)(w, x).float() - w.float() @ x.float()).norm() / expected.norm()
+        got = gemv(config, bits=bits)(quantized["w"], x, s=quantized["w_scale"]).float()
+        float_error = (gemv(config)(w, x).float() - w.float() @ x.float()).norm() / expected.norm()
         if (error := max(((got - expected).norm() / expected.norm()).item(), float_error.item())) > 1e-2:
-            raise SystemExit(f"int8 rows or bf16 ({config}, bits {bits}, fold {fold}): relative error {error:.3g}")
+            raise SystemExit(f"int8 rows or bf16 ({config}, bits {bits}): relative error {error:.3g}")
         # each of the 256 int8 values comes out exactly (a sum of zeros and itself)
-        got = gemv(config, bits=bits, fold=fold)(every, one_hot, s=ones).float()
+        got = gemv(config, bits=bits)(every, one_hot, s=ones).float()
         if not torch.equal(got, every[:, 0].float()):
-            raise SystemExit(f"int8 values ({config}, bits {bits}, fold {fold}): {got.tolist()}")
-    print("int8 rows agree with their reference, every int8 value exact, folded or not", flush=True)
+            raise SystemExit(f"int8 values ({config}, bits {bits}): {got.tolist()}")
+    print("int8 rows agree with their reference, every int8 value exact", flush=True)
 
 
 def streamed(n: int, k: int) -> list[torch.Tensor]:
@@ -284,18 +282,18 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
 
 def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
                pdl: int, config: Config = SHIPPED, glu: bool = True,
-               prefetch: int = PREFETCH, bits: bool = INT8_BITS, fold: int = FOLD) -> torch.Tensor:  # fmt: skip
+               prefetch: int = PREFETCH, bits: bool = INT8_BITS) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next (`glu=False`: as it called them before, SiLU(gate) * up
     computed by every program of `down`); the attention's output stands in
     for q's (its kernels are not probed). A layer's `<name>_scale` makes
     its weight int8 rows (int8_wo's layers; the lm_head stays bf16)."""
     normed, added = (
-        gemv(config, NORM, pdl=pdl, prefetch=prefetch, bits=bits, fold=fold),
-        gemv(config, residual=True, pdl=pdl, prefetch=prefetch, bits=bits, fold=fold),
+        gemv(config, NORM, pdl=pdl, prefetch=prefetch, bits=bits),
+        gemv(config, residual=True, pdl=pdl, prefetch=prefetch, bits=bits),
     )
-    gated = gemv(config, GATED, residual=True, pdl=pdl, prefetch=prefetch, bits=bits, fold=fold)
-    glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch, bits=bits, fold=fold)
+    gated = gemv(config, GATED, residual=True, pdl=pdl, prefetch=prefetch, bits=bits)
+    glu_up = gemv(config, NORM, pdl=pdl, glu=True, prefetch=prefetch, bits=bits)
     h = x
     for w in weights:
         scale = {name: w.get(f"{name}_scale") for name in ("qkv", "o", "gate_up", "down")}
@@ -329,38 +327,6 @@ def chain_inputs(layers: int) -> tuple[list[dict[str, torch.Tensor]], list[dict[
     return weights, int8, head, norm, x
 
 
-# (weights, (block_n, block_k, warps), K tiles in flight, fold): the shipped chains, then folded launches, more rows a
-# program (each program reads all of x and the norm's weights: at two int8 rows as many bytes as its weights)
-FOLD_SWEEP = [
-    ("bf16", (BLOCK_N, BLOCK_K, WARPS), PREFETCH, FOLD),
-    ("int8", (BLOCK_N, INT8_BLOCK_K, WARPS), PREFETCH, FOLD),
-]
-FOLD_SWEEP += [(w, launch, tiles, 8) for w in ("bf16", "int8") for launch in ((2, 1024, 4), (4, 1024, 4), (8, 512, 4),
-               (4, 1024, 8)) for tiles in (1, 2)]  # fmt: skip
-
-
-def fold_sweep(layers: int, replays: int) -> list[list[str]]:
-    """A decode step's GEMV chain (as pdl_chain's, launched as the package
-    launches it) at FOLD_SWEEP's launches: table rows (ms a step, against
-    the shipped chain of the same weights, its output's relative distance
-    from that chain's: the sums in another order)."""
-    weights, int8, head, norm, x = chain_inputs(layers)
-    chosen = {"bf16": weights, "int8": int8}
-    rows, shipped = [], {}
-    for kind, launch, tiles, fold in FOLD_SWEEP:
-        config = (*launch, STAGES, EVICT)
-        run = functools.partial(gemv_chain, chosen[kind], head, x, norm, MODE, config, True, tiles, INT8_BITS, fold)
-        out = run().float()
-        us = min(replayed_us(lambda _, run=run: run(), [head], replays) for _ in range(3))
-        base, reference = shipped.setdefault(kind, (us, out))
-        distance = ((out - reference).norm() / reference.norm()).item()
-        rows.append(
-            [kind, str(launch), str(tiles), str(fold), f"{us / 1000:.4f}", f"{us / base:.3f}", f"{distance:.1e}"]
-        )
-        print(rows[-1], flush=True)
-    return rows
-
-
 def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[list[str]], bool]:
     """A decode step's GEMV chain (Llama-3.2-1B's shapes, the gemv_fusion
     pass's kernels) replayed from a CUDA graph, without and with PDL: as
@@ -378,31 +344,24 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     }
     other = 3 - PREFETCH  # the tiles before the wait the kernel does not ship with (1 or 2)
     early = f", {other} K step{'s' if other > 1 else ''} loaded before the wait"
-    plain = (PREFETCH, None, FOLD)  # K tiles before the wait, int8 widening (None: bf16), products folded
+    plain = (PREFETCH, None)  # K tiles before the wait, int8 widening (None: bf16)
     chains = {(SHIPPED, True, *plain): "", (SHIPPED, False, *plain): ", SiLU * up in down (before)",
-              (SHIPPED, True, other, None, FOLD): early}  # fmt: skip
+              (SHIPPED, True, other, None): early}  # fmt: skip
     chains |= {(config, True, *plain): "" for config in configs if config != SHIPPED}
     # int8_wo's layers (half the bytes a K step, so also steps of twice the K), widened through fp32's bits
     # as shipped (gemv.INT8_BITS), and at the shipped launch by the conversion instruction
     bits, converted = ", int8 rows (int8_wo)", ", int8 rows (int8_wo), converted"
-    chains |= {(INT8_SHIPPED, True, PREFETCH, INT8_BITS, FOLD): bits if INT8_BITS else converted,
-               (INT8_SHIPPED, True, PREFETCH, not INT8_BITS, FOLD): converted if INT8_BITS else bits}  # fmt: skip
-    chains |= {(config, True, PREFETCH, INT8_BITS, FOLD): bits for config in INT8_CONFIGS}
-    # int8 rows take a register of fp32 sums for each byte they load: a second tile in flight costs few more, and
-    # products folded 8 at a time (a thread's neighbours from one load) take 8 times fewer registers for the sums
-    chains[(INT8_SHIPPED, True, other, INT8_BITS, FOLD)] = bits + early
-    folded = 8 if FOLD == 1 else 1
-    fold_note = f", products folded {folded} at a time"
-    chains[(SHIPPED, True, PREFETCH, None, folded)] = fold_note
-    chains[(SHIPPED, True, other, None, folded)] = early + fold_note
-    chains[(INT8_SHIPPED, True, PREFETCH, INT8_BITS, folded)] = bits + fold_note
-    chains[(INT8_SHIPPED, True, other, INT8_BITS, folded)] = bits + early + fold_note
+    chains |= {(INT8_SHIPPED, True, PREFETCH, INT8_BITS): bits if INT8_BITS else converted,
+               (INT8_SHIPPED, True, PREFETCH, not INT8_BITS): converted if INT8_BITS else bits}  # fmt: skip
+    chains |= {(config, True, PREFETCH, INT8_BITS): bits for config in INT8_CONFIGS}
+    # int8 rows take a register of fp32 sums for each byte they load: a second tile in flight costs few more
+    chains[(INT8_SHIPPED, True, other, INT8_BITS)] = bits + early
     rows, outputs, base = [], [], 0.0
-    for (config, glu, ahead, widen, fold), how in chains.items():
+    for (config, glu, ahead, widen), how in chains.items():
         chosen, b = (weights, INT8_BITS) if widen is None else (int8, widen)
         for pdl, name in modes.items():
-            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead, b, fold))  # compiled, output kept
-            run = functools.partial(gemv_chain, chosen, head, x, norm, pdl, config, glu, ahead, b, fold)
+            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead, b))  # compiled, output kept
+            run = functools.partial(gemv_chain, chosen, head, x, norm, pdl, config, glu, ahead, b)
             chain = lambda _, run=run: run()  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us
@@ -455,7 +414,6 @@ def main() -> None:
         help="launches the PDL chain tries beside the shipped one (block_n:block_k:warps)",
     )
     parser.add_argument("--fused-only", action="store_true", help="only the fused kernels' configurations")
-    parser.add_argument("--fold-sweep", action="store_true", help="only the chain folded, more rows, tiles in flight")
     args = parser.parse_args()
     if args.check:
         check("cpu" if not torch.cuda.is_available() else "cuda")
@@ -472,16 +430,6 @@ def main() -> None:
             ["fusion", "N x K", "shipped us", "best us", "best config", "best / shipped", "us saved a step"], fused,
             "lrrrlrr")  # fmt: skip
         publish(RESULTS / f"gemv_fused_configs_{tag}.md", "The fused GEMVs' configurations",
-                "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
-        return
-    if args.fold_sweep:
-        body = (
-            f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, the shipped PDL\n\n"
-        )
-        body += table(["weights", "launch (block_n, block_k, warps)", "K tiles in flight", "fold", "ms a step",
-                       "against the shipped chain", "output's distance from it"], fold_sweep(args.layers,
-                       10 * args.replays), "lllrrrr")  # fmt: skip
-        publish(RESULTS / f"gemv_fold_sweep_{tag}.md", "The GEMV chain folded, with more rows and tiles in flight",
                 "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
         return
     chain, same = pdl_chain(args.layers, 10 * args.replays, args.pdl_configs)

@@ -3,7 +3,10 @@ int8 rows, plain and glu: compiled by Triton for sm_90a and counted by
 ptxas (`-v`), no GPU needed. The kernel sums a fp32 product per weight
 element it loads (BLOCK_N x BLOCK_K a program), so its registers bound how
 many programs an SM holds and so the weight bytes in flight, int8's half
-of bf16's at one launch.
+of bf16's at one launch. Also the SASS instructions of its K loop
+(nvdisasm), a K step and a weight element: an int8 byte takes more than
+a bf16 element (unpacked, widened, and x exchanged through shared memory
+to the bytes' layout).
 
     python bench/gemv_registers.py
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,21 +29,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_build.stages.gemv import NORM  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
-# block_n, block_k, warps, K tiles a program has in flight (gemv.PREFETCH: 2 loads the next tile before the sums),
-# products folded into the running sums at a time (gemv.FOLD)
-LAUNCHES = [(2, 512, 4, 1, 1), (2, 1024, 4, 1, 1), (2, 1024, 4, 2, 1), (2, 1024, 4, 1, 8), (2, 1024, 4, 2, 8),
-            (2, 2048, 4, 1, 1), (4, 1024, 4, 1, 1), (4, 1024, 8, 1, 1), (8, 512, 4, 1, 1)]  # fmt: skip
+# block_n, block_k, warps, K tiles a program has in flight (gemv.PREFETCH: 2 loads the next tile before the sums)
+LAUNCHES = [(2, 512, 4, 1), (2, 1024, 4, 1), (2, 1024, 4, 2), (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 1024, 8, 1),
+            (8, 512, 4, 1)]  # fmt: skip
 REGISTERS_AN_SM, WARP = 65536, 32
 
 
-def registers(weight: str, block_n: int, block_k: int, warps: int, prefetch: int, fold: int, glu: bool) -> int:
-    """ptxas's count for the kernel as a normed GEMV calls it (PDL on, evict-first, one stage)."""
+def compiled(weight: str, block_n: int, block_k: int, warps: int, prefetch: int, glu: bool) -> tuple[int, int]:
+    """(registers a thread, SASS instructions in its K loop) of the kernel as a normed GEMV calls it (PDL on,
+    evict-first, one stage): ptxas -v, and nvdisasm over its cubin (the loop: the longest backward branch)."""
     fn = flashrt_pdl_gemv
     types = {name: "*bf16" for name in ("x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")}
     types |= {"w_ptr": weight, "s_ptr": "*fp32", "N": "i32", "K": "i32", "eps": "fp32"}
     constexprs = dict(PROLOGUE=NORM, HAS_BIAS=False, HAS_RESIDUAL=False, HAS_SCALE=weight == "*i8", BLOCK_N=block_n,
-                      BLOCK_K=block_k, EVICT=True, PDL=2, GLU=glu, PREFETCH=prefetch, INT8_BITS=True,
-                      FOLD=fold)  # fmt: skip
+                      BLOCK_K=block_k, EVICT=True, PDL=2, GLU=glu, PREFETCH=prefetch, INT8_BITS=True)  # fmt: skip
     source = ASTSource(
         fn=fn,
         signature={name: types.get(name, "constexpr") for name in fn.arg_names},
@@ -47,25 +50,38 @@ def registers(weight: str, block_n: int, block_k: int, warps: int, prefetch: int
         attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in types},
     )
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
-    ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+    tools = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as work:
         (path := Path(work) / "gemv.ptx").write_text(ptx.asm["ptx"])
-        done = subprocess.run([os.fspath(ptxas), "-v", "--gpu-name", "sm_90a", str(path), "-o", os.devnull],
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        done = subprocess.run([os.fspath(tools / "ptxas"), "-v", "--gpu-name", "sm_90a", str(path), "-o",
+                               f"{work}/gemv.cubin"], capture_output=True, text=True, check=True)  # fmt: skip
+        sass = subprocess.run([os.fspath(tools / "nvdisasm"), "-c", f"{work}/gemv.cubin"], capture_output=True,
+                              text=True, check=True).stdout.splitlines()  # fmt: skip
     (line,) = [line for line in done.stderr.splitlines() if "registers" in line]
-    return int(line.split("Used")[1].split()[0])
+    return int(line.split("Used")[1].split()[0]), loop_instructions(sass)
+
+
+def loop_instructions(sass: list[str]) -> int:
+    """Instructions between a label and the furthest branch back to it: the kernel's K loop."""
+    labels = {match.group(1): i for i, line in enumerate(sass) if (match := re.match(r"\s*(\.L_x_\d+):", line))}
+    loops = [(i - labels[match.group(1)], labels[match.group(1)], i) for i, line in enumerate(sass)
+             if (match := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(match.group(1), i) < i]  # fmt: skip
+    _, start, end = max(loops)
+    return sum(bool(re.search(r"/\*[0-9a-f]{4}\*/", line)) for line in sass[start : end + 1])
 
 
 def main() -> None:
-    print("| weights | launch (block_n, block_k, warps, tiles in flight, fold) | glu | registers a thread "
-          "| programs an SM | weight bytes in flight an SM (KB) |")  # fmt: skip
-    print("|---|---|---|---:|---:|---:|")
+    print("| weights | launch (block_n, block_k, warps, tiles in flight) | glu | registers a thread | programs an SM "
+          "| weight bytes in flight an SM (KB) | instructions a K step | a weight element |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for (weight, size), launch, glu in itertools.product((("*bf16", 2), ("*i8", 1)), LAUNCHES, (False, True)):
-        block_n, block_k, warps, tiles, _ = launch
-        count = registers(weight, *launch, glu)
+        block_n, block_k, warps, tiles = launch
+        count, loop = compiled(weight, *launch, glu)
         programs = REGISTERS_AN_SM // (count * warps * WARP)
         in_flight = programs * tiles * block_n * (2 if glu else 1) * block_k * size / 1024
-        print(f"| {weight[1:]} | {launch} | {'yes' if glu else 'no'} | {count} | {programs} | {in_flight:.0f} |")
+        elements = block_n * (2 if glu else 1) * block_k / (warps * WARP)  # a thread's, a K step
+        print(f"| {weight[1:]} | {launch} | {'yes' if glu else 'no'} | {count} | {programs} | {in_flight:.0f} "
+              f"| {loop} | {loop / elements:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,9 +47,6 @@ INT8_BLOCK_K = BLOCK_K
 # int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened): the chain
 # 0.8374 ms against 0.8407 (H100, the probe above)
 INT8_BITS = True
-# Products summed FOLD neighbours at a time into the running sums (triton_kernels.folded): 96 registers a thread ->
-# 64 for bf16's glu launch, 106 -> 80 for int8's (bench/gemv_registers.py); 1 until the probe has timed it
-FOLD = 1
 # Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
 # (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both: the same on an H100
 # (0.8872 ms a chain against 0.8850, bench/results/gemv_pdl_probe_prefetch_h100.md), so 1.
@@ -85,7 +82,7 @@ def _launch(
         out if residual is None else residual.contiguous(), out, out if scale is None else scale.contiguous(), n, k,
         eps, PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         HAS_SCALE=scale is not None, EVICT=EVICT, PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=block_k, GLU=glu,
-        PREFETCH=PREFETCH, INT8_BITS=INT8_BITS, FOLD=min(FOLD, block_k), num_warps=WARPS, num_stages=STAGES,
+        PREFETCH=PREFETCH, INT8_BITS=INT8_BITS, num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return out
 

@@ -60,20 +60,6 @@ def widened(w, INT8_BITS: tl.constexpr):
 
 
 @triton.jit
-def folded(products, FOLD: tl.constexpr):
-    """A tile of products, each FOLD neighbours along K summed: a thread
-    holds a row's 8 (bf16) or 16 (int8) neighbours from one vector load, so
-    the sums stay in the thread (no shuffle, no shared memory in the PTX),
-    and the running sums take FOLD times fewer registers, which bound the
-    programs, and so the weight bytes in flight, an SM holds."""
-    if FOLD == 1:
-        return products
-    rows: tl.constexpr = products.shape[0]
-    cols: tl.constexpr = products.shape[1]
-    return tl.sum(tl.reshape(products, (rows, cols // FOLD, FOLD)), axis=2)
-
-
-@triton.jit
 def row_sums(acc, squares, b_ptr, s_ptr, rows, N, K, eps, NORMED: tl.constexpr, HAS_BIAS: tl.constexpr,
              HAS_SCALE: tl.constexpr):  # fmt: skip
     """A tile of products summed by row, times each row's scale where
@@ -94,11 +80,10 @@ def flashrt_pdl_gemv(
     w_ptr, x_ptr, v_ptr, b_ptr, r_ptr, y_ptr, s_ptr, N, K, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr,
-    PREFETCH: tl.constexpr, INT8_BITS: tl.constexpr, FOLD: tl.constexpr,
+    PREFETCH: tl.constexpr, INT8_BITS: tl.constexpr,
 ):  # fmt: skip
     """y[n] = sum_k w[n, k] p(x)[k] (* s[n]: HAS_SCALE, w int8) (+ b[n]) (+ r[n]):
-    BLOCK_N rows a program, K in BLOCK_K steps, summed in fp32 (FOLD
-    neighbours at a time into the running sums: folded). The prologue p:
+    BLOCK_N rows a program, K in BLOCK_K steps, summed in fp32. The prologue p:
     x as it is, RMSNorm(x) * v (each program sums x^2 over the K it reads
     anyway and scales its sums once at the end), or SiLU(x) * v. GLU: w holds
     2N rows, gate's then up's, and y[n] = SiLU(gate[n]) * up[n] (a program
@@ -108,12 +93,12 @@ def flashrt_pdl_gemv(
     in a package the pdl pass launches as a programmatic dependent): the
     weights do not depend on the step, so they stream in meanwhile."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N, BLOCK_K // FOLD), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
     w_rows, w_in, cols = w_ptr + rows[:, None] * K, rows[:, None] < N, tl.arange(0, BLOCK_K)
     w = weight_tile(w_rows, cols, w_in, K, EVICT)
     if GLU:  # up's rows, N below gate's
-        acc_up, u_rows = tl.zeros((BLOCK_N, BLOCK_K // FOLD), dtype=tl.float32), w_rows + N * K
+        acc_up, u_rows = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), w_rows + N * K
         u = weight_tile(u_rows, cols, w_in, K, EVICT)
     if PREFETCH == 2:  # the second tile too
         w_ahead = weight_tile(w_rows, cols + BLOCK_K, w_in, K, EVICT)
@@ -139,9 +124,9 @@ def flashrt_pdl_gemv(
             x = x * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
         elif PROLOGUE == 2:
             x = x * tl.sigmoid(x) * tl.load(v_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        acc += folded(widened(w, INT8_BITS) * x[None, :], FOLD)
+        acc += widened(w, INT8_BITS) * x[None, :]
         if GLU:
-            acc_up += folded(widened(u, INT8_BITS) * x[None, :], FOLD)
+            acc_up += widened(u, INT8_BITS) * x[None, :]
     y = row_sums(acc, squares, b_ptr, s_ptr, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS, HAS_SCALE)
     if GLU:  # SiLU(gate) * up
         up = row_sums(acc_up, squares, b_ptr + N, s_ptr + N, rows, N, K, eps, PROLOGUE == 1, HAS_BIAS, HAS_SCALE)

@@ -96,7 +96,7 @@ def before_the_wait(lines: list[str]) -> list[str]:
 
 GEMV_TYPES = {name: "*bf16" for name in ("w_ptr", "x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")} | {"s_ptr": "*fp32"}
 GEMV = dict(PROLOGUE=NORM, HAS_BIAS=True, HAS_RESIDUAL=True, HAS_SCALE=False, BLOCK_N=2, BLOCK_K=1024, EVICT=True,
-            GLU=False, PREFETCH=1, INT8_BITS=True, FOLD=1)  # fmt: skip
+            GLU=False, PREFETCH=1, INT8_BITS=True)  # fmt: skip
 
 
 @pytest.mark.parametrize(("mode", "glu"), [(pdl.WAIT_THEN_LAUNCH, False), (pdl.LAUNCH_THEN_WAIT, False),
@@ -125,22 +125,6 @@ def test_the_gemv_loads_its_first_weights_then_waits_before_anything_the_step_wr
     assert waited_first == (mode == pdl.WAIT_THEN_LAUNCH)
     assert not any("griddepcontrol" in line for line in ptx(kernels.flashrt_pdl_gemv, types, {**GEMV, "PDL": 0}))
     assert pdl.MODE == pdl.LAUNCH_THEN_WAIT  # what a package compiles in: the faster chain on an H100 and an H200
-
-
-def test_folded_products_take_fewer_registers_and_no_shared_memory_or_shuffle() -> None:
-    """gemv.FOLD: a thread's neighbours from one load summed in the thread (bench/gemv_registers.py counts)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from gemv_registers import registers
-
-    types = {**GEMV_TYPES, "N": "i32", "K": "i32", "eps": "fp32", "w_ptr": "*i8"}
-    int8_glu = {**GEMV, "HAS_SCALE": True, "PDL": pdl.LAUNCH_THEN_WAIT, "GLU": True}
-    plain, folded = (ptx(kernels.flashrt_pdl_gemv, types, {**int8_glu, "FOLD": fold}) for fold in (1, 8))
-    for what in ("st.shared", "shfl.sync", "bar.sync", "ld.global"):
-        assert sum(what in line for line in folded) == sum(what in line for line in plain), what
-    for weight in ("*bf16", "*i8"):
-        assert registers(weight, 2, 1024, 4, 1, 8, True) < registers(weight, 2, 1024, 4, 1, 1, True)
 
 
 @pytest.mark.parametrize("which", ["split", "split merging", "merge"])
