@@ -46,6 +46,8 @@ EVICT, STAGES = True, 1
 INT8_BLOCK_K = BLOCK_K
 # int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened): the chain
 # 0.8374 ms against 0.8407 (H100, the probe above)
+# (Loaded as 32-bit words, two a thread, int8 rows take x in its own layout, no exchange through shared memory, in
+# 30% fewer instructions; the chain was slower: 1.026x the bytes', bench/results/gemv_int8_sweep_h100.md.)
 INT8_BITS = True
 # Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
 # (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both: the same on an H100
