@@ -48,10 +48,11 @@ for step in "$@"; do
       cmd=("${bench[@]}" --only decode --passes llm --no-baseline --jobs 3 --out-name causal_lm_int8_decode_$tag
            --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
            --variant "int8_head:passes=llm quant=int8_wo quant.max_rel_error=1 quant.rules=[{pattern:'*',config:Int8WeightOnlyConfig}]") ;;
-    quant_prefill)  # int8 prefill: weight-only against int8_dq_prefill, against bf16
+    quant_prefill)  # int8 prefill: weight-only against int8_dq_prefill, against bf16 (dq: random weights carry the flips
+      # of its activations' int8 rounding through every layer, 0.10 from the quantized module on an H100: held to it at 0.2)
       cmd=("${bench[@]}" --only prefill --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_prefill_$tag
            --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
-           --variant "dq:passes=llm quant=int8_dq_prefill quant.max_rel_error=1") ;;
+           --variant "dq:passes=llm quant=int8_dq_prefill quant.max_rel_error=1 verify.rtol=0.2 verify.atol=1") ;;
     quant_prefill_tuned)  # int8_wo prefill with Triton's GEMM templates for prefill, whose prologue can take the int8 -> bf16 convert (no bf16 copy of each weight), against int8_wo and bf16
       cmd=("${bench[@]}" --only prefill --passes llm --no-baseline --jobs 3 --out-name causal_lm_quant_prefill_tuned_$tag
            --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
