@@ -61,6 +61,9 @@ for step in "$@"; do
       cmd=(python3 bench/decode_attention_probe.py) ;;
     gemv)  # cuBLAS against a Triton GEMV at the decode step's shapes
       cmd=(python3 bench/gemv_probe.py --block-n 2,4,8,16 --block-k 256,512,1024 --split-k 1,2,4 --warps 4,8) ;;
+    int8_launches)  # the int8 GEMV chain at launches of one or two 16-byte loads a row a thread, the lm_head at bf16's
+      # launch (as a package launches it), and the bf16 and int8 layers without the lm_head
+      cmd=(python3 bench/gemv_fusion_probe.py --int8-launches) ;;
     fusion)  # the GEMV's configurations on this GPU, and its neighbours (norm, SiLU, residual add) fused in
       cmd=(python3 bench/gemv_fusion_probe.py) ;;
     code)  # the decode step's generated code (2 layers at Llama-3.2-1B's width, passes=llm): which kernels, from what

@@ -26,13 +26,16 @@ at the decode step's shapes:
    weights before it waits, so a wider step streams more of them under the
    previous kernel's tail. Then the chain on int8 rows and their scales, as
    `quant=int8_wo`'s layers call the kernel (the lm_head bf16), at its
-   shipped launch (gemv.INT8_BLOCK_K) and beside it (INT8_CONFIGS).
+   shipped launch (gemv.INT8_BLOCK_K) and beside it (INT8_CONFIGS), the
+   lm_head at bf16's launch as a package launches it (`--int8-launches`:
+   more launches, and the layers timed without the lm_head).
 
 Every timing is a replayed CUDA graph over enough copies of the weight to
 stream it from HBM, as `gemv_probe.py` times them.
 
     python bench/gemv_fusion_probe.py                   # a GPU: bench/results/gemv_fusion_probe_<gpu>.md
     python bench/gemv_fusion_probe.py --pdl-only        # 3. alone: bench/results/gemv_pdl_probe_<gpu>.md
+    python bench/gemv_fusion_probe.py --int8-launches   # the int8 chain's launches: gemv_int8_launches_<gpu>.md
     TRITON_INTERPRET=1 python bench/gemv_fusion_probe.py --check   # the kernels' numerics on a CPU
 """
 
@@ -69,7 +72,7 @@ from flashrt_build.stages.gemv import (  # noqa: E402
     WARPS,
     launch_rows,
 )
-from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, WAIT_THEN_LAUNCH  # noqa: E402
+from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, MODE, WAIT_THEN_LAUNCH  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
@@ -280,14 +283,16 @@ def fused_against_today(sizes: dict[str, tuple[int, int, int]], best: dict, repl
     return rows
 
 
-def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: torch.Tensor, norm: torch.Tensor,
-               pdl: int, config: Config = SHIPPED, glu: bool = True,
-               prefetch: int = PREFETCH, bits: bool = INT8_BITS) -> torch.Tensor:  # fmt: skip
+def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor | None, x: torch.Tensor,
+               norm: torch.Tensor, pdl: int, config: Config = SHIPPED, glu: bool = True, prefetch: int = PREFETCH,
+               bits: bool = INT8_BITS, head_config: Config = SHIPPED) -> torch.Tensor:  # fmt: skip
     """A decode step's GEMVs as the gemv_fusion pass calls them, each
     feeding the next (`glu=False`: as it called them before, SiLU(gate) * up
     computed by every program of `down`); the attention's output stands in
     for q's (its kernels are not probed). A layer's `<name>_scale` makes
-    its weight int8 rows (int8_wo's layers; the lm_head stays bf16)."""
+    its weight int8 rows (int8_wo's layers); the lm_head stays bf16,
+    launched at `head_config` (a package launches it at bf16's launch
+    whatever the layers'), or is left out (None: the layers alone)."""
     normed, added = (
         gemv(config, NORM, pdl=pdl, prefetch=prefetch, bits=bits),
         gemv(config, residual=True, pdl=pdl, prefetch=prefetch, bits=bits),
@@ -305,7 +310,9 @@ def gemv_chain(weights: list[dict[str, torch.Tensor]], head: torch.Tensor, x: to
             gate_up = normed(w["gate_up"], h, norm, s=scale["gate_up"])
             half = gate_up.shape[0] // 2
             h = gated(w["down"], gate_up[:half], gate_up[half:], h, s=scale["down"])
-    return normed(head, h, norm)
+    if head is None:
+        return h
+    return gemv(head_config, NORM, pdl=pdl, prefetch=prefetch, bits=bits)(head, h, norm)
 
 
 def int8_rows(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -325,6 +332,32 @@ def chain_inputs(layers: int) -> tuple[list[dict[str, torch.Tensor]], list[dict[
     head, norm, x = make(*sizes["lm_head"]), torch.ones(sizes["o"][0], device="cuda").bfloat16(), make(sizes["o"][0])
     int8 = [{**w, **{k: v for name in w for k, v in int8_rows(name, w[name]).items()}} for w in weights]
     return weights, int8, head, norm, x
+
+
+# int8 rows' launches beside the shipped one: one or two 16-byte loads a row a thread, more rows or warps a program
+INT8_LAUNCHES = [(1, 1024, 4), (2, 512, 4), (1, 2048, 4), (2, 2048, 4), (2, 2048, 8), (4, 1024, 4), (4, 2048, 4),
+                 (4, 2048, 8), (8, 1024, 8)]  # fmt: skip
+
+
+def int8_launches(layers: int, replays: int) -> list[list[str]]:
+    """The int8 chain (int8_wo's layers, the lm_head bf16 at bf16's launch,
+    as a package launches it) at INT8_LAUNCHES, and the bf16 and int8
+    chains without the lm_head: the layers' own pace, which the lm_head's
+    bytes (a fifth of bf16's step, a third of int8's) blur. Table rows (ms
+    a step, against bf16's chain with or without the lm_head alike)."""
+    weights, int8, head, norm, x = chain_inputs(layers)
+    chains = [("bf16", weights, SHIPPED, head), ("bf16", weights, SHIPPED, None), ("int8", int8, INT8_SHIPPED, head),
+              ("int8", int8, INT8_SHIPPED, None)]  # fmt: skip
+    chains += [("int8", int8, (*launch, STAGES, EVICT), lm_head) for launch in INT8_LAUNCHES
+               for lm_head in (head, None)]  # fmt: skip
+    rows, bf16 = [], {}
+    for kind, chosen, config, lm_head in chains:
+        run = functools.partial(gemv_chain, chosen, lm_head, x, norm, MODE, config)
+        us = min(replayed_us(lambda _, run=run: run(), [head], replays) for _ in range(3))
+        base = bf16.setdefault(lm_head is None, us)
+        rows.append([kind, str(config[:3]), "no" if lm_head is None else "yes", f"{us / 1000:.4f}", f"{us / base:.3f}"])
+        print(rows[-1], flush=True)
+    return rows
 
 
 def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[list[str]], bool]:
@@ -359,9 +392,10 @@ def pdl_chain(layers: int, replays: int, configs: list[Config]) -> tuple[list[li
     rows, outputs, base = [], [], 0.0
     for (config, glu, ahead, widen), how in chains.items():
         chosen, b = (weights, INT8_BITS) if widen is None else (int8, widen)
+        head_config = config if widen is None else SHIPPED  # the bf16 lm_head of an int8 chain at bf16's launch
         for pdl, name in modes.items():
-            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead, b))  # compiled, output kept
-            run = functools.partial(gemv_chain, chosen, head, x, norm, pdl, config, glu, ahead, b)
+            outputs.append(gemv_chain(chosen, head, x, norm, pdl, config, glu, ahead, b, head_config))  # output kept
+            run = functools.partial(gemv_chain, chosen, head, x, norm, pdl, config, glu, ahead, b, head_config)
             chain = lambda _, run=run: run()  # noqa: E731
             us = min(replayed_us(chain, [head], replays) for _ in range(3))
             base = base or us
@@ -414,6 +448,7 @@ def main() -> None:
         help="launches the PDL chain tries beside the shipped one (block_n:block_k:warps)",
     )
     parser.add_argument("--fused-only", action="store_true", help="only the fused kernels' configurations")
+    parser.add_argument("--int8-launches", action="store_true", help="only the int8 chain at launches, and no lm_head")
     args = parser.parse_args()
     if args.check:
         check("cpu" if not torch.cuda.is_available() else "cuda")
@@ -430,6 +465,15 @@ def main() -> None:
             ["fusion", "N x K", "shipped us", "best us", "best config", "best / shipped", "us saved a step"], fused,
             "lrrrlrr")  # fmt: skip
         publish(RESULTS / f"gemv_fused_configs_{tag}.md", "The fused GEMVs' configurations",
+                "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
+        return
+    if args.int8_launches:
+        rows = int8_launches(args.layers, 10 * args.replays)
+        body = f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; {args.layers} layers, "
+        body += "the shipped PDL\n\n"
+        body += table(["weights", "launch (block_n, block_k, warps)", "lm_head", "ms a step", "against bf16's"], rows,
+                      "lllrr")  # fmt: skip
+        publish(RESULTS / f"gemv_int8_launches_{tag}.md", "The GEMV chain on int8 rows at other launches",
                 "python bench/gemv_fusion_probe.py " + " ".join(sys.argv[1:]), body)  # fmt: skip
         return
     chain, same = pdl_chain(args.layers, 10 * args.replays, args.pdl_configs)
