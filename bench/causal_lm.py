@@ -98,7 +98,7 @@ def main() -> None:
                 return {"failed": str(failed), "overrides": more}
             compile_s = {k: v for k, v in manifest["timings"].items() if k.startswith("compile")}
             passes = {k: v for k, v in manifest.get("passes", {}).items() if k != "fuse_projections"}  # what each did
-            weight_bytes = (manifest.get("weights") or {}).get("bytes")  # the sidecar's: every weight the step reads
+            weight_bytes = step_bytes(manifest)
             return {"out": out, "build_s": build_s, "compile_s": compile_s, "overrides": more, "passes": passes,
                     "weight_bytes": weight_bytes}  # fmt: skip
 
@@ -117,6 +117,20 @@ def main() -> None:
                 report(results, args))  # fmt: skip
         if failed:  # the figures of the others are published; the run still says it failed
             raise SystemExit(f"{len(failed)} of {len(built)} builds failed: {', '.join(failed)}")
+
+
+def step_bytes(manifest: dict[str, Any]) -> int | None:
+    """The bytes of weights a decode step reads whole: the sidecar's tensors
+    less an embedding table no lm_head shares (a step reads one row of it:
+    an lm_head quantized apart from the embedding it was tied to)."""
+    tensors = (manifest.get("weights") or {}).get("tensors")
+    if not tensors:
+        return None
+    size = lambda t: torch.Size(t["shape"]).numel() * getattr(torch, t["dtype"]).itemsize  # noqa: E731
+    if not any(t["fqn"].startswith("lm_head.") for t in tensors):  # tied: the lm_head reads the table whole
+        return sum(size(t) for t in tensors)
+    indexed = [t for t in tensors if t["fqn"].endswith("embed_tokens.weight") and not t.get("aliases")]
+    return sum(size(t) for t in tensors) - sum(size(t) for t in indexed)
 
 
 def save_model(directory: Path, size: str, dtype: torch.dtype) -> Path:
@@ -289,7 +303,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         step = (decode or {}).get("package" if packages == ["package"] else f"package {name}")
         if step and build.get("weight_bytes"):  # the pace against the memory: a step reads each weight once
             gb, ms = build["weight_bytes"] / 1e9, step["median"]
-            text += f"; weights {gb:.2f} GB, over its decode step {gb / ms:.2f} TB/s"
+            text += f"; weights a step reads {gb:.2f} GB, over its decode step {gb / ms:.2f} TB/s"
     for name, profile in (results.get("decode_profile") or {}).items():
         if profile:
             text += f"\n\n{name}: {profile['kernels']} kernels in a plain decode step, "
