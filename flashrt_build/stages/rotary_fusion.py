@@ -39,8 +39,8 @@ def fuse_rotary(program: torch.export.ExportedProgram) -> int:
     graph = program.graph
     fused = 0
     for node in graph.nodes:
-        # a call as the attention makes it: no tables yet (5 arguments, or 8 with one_kernel_attention's counts)
-        plain = len(node.args) == 5 or (len(node.args) == 8 and node.args[5:7] == (None, None))
+        # a call as the attention makes it: no tables yet (left out, or None before one_kernel_attention's counts)
+        plain = all(table is None for table in node.args[5:7])
         if not calls_op(node, *ATTENTION) or not plain or node.kwargs:
             continue
         found = _rotary(node.args[0])
