@@ -26,7 +26,7 @@ at the decode step's shapes:
    weights before it waits, so a wider step streams more of them under the
    previous kernel's tail. Then the chain on int8 rows and their scales, as
    `quant=int8_wo`'s layers call the kernel (the lm_head bf16), at its
-   shipped launch (gemv.INT8_BLOCK_K) and beside it (INT8_CONFIGS), the
+   shipped launch (gemv.INT8_LAUNCH) and beside it (INT8_CONFIGS), the
    lm_head at bf16's launch as a package launches it (`--int8-launches`:
    more launches, and the layers timed without the lm_head).
 
@@ -59,26 +59,24 @@ from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E4
 from report import RESULTS, publish, table  # noqa: E402
 
 from flashrt_build.stages.gemv import (  # noqa: E402
-    BLOCK_K,
-    BLOCK_N,
     EVICT,
     GATED,
     INT8_BITS,
-    INT8_BLOCK_K,
+    INT8_LAUNCH,
+    LAUNCH,
     NONE,
     NORM,
     PREFETCH,
     STAGES,
-    WARPS,
     launch_rows,
 )
 from flashrt_build.stages.pdl import LAUNCH_THEN_WAIT, MODE, WAIT_THEN_LAUNCH  # noqa: E402
 from flashrt_build.stages.triton_kernels import flashrt_pdl_gemv  # noqa: E402
 
 # (block_n, block_k, warps, stages, evict_first): the shipped kernel's launch
-SHIPPED = (BLOCK_N, BLOCK_K, WARPS, STAGES, EVICT)
+SHIPPED = (*LAUNCH, STAGES, EVICT)
 # int8 rows' launch (K steps of bf16's bytes), and the int8 chain's others: bf16's K step, more warps or rows
-INT8_SHIPPED = (BLOCK_N, INT8_BLOCK_K, WARPS, STAGES, EVICT)
+INT8_SHIPPED = (*INT8_LAUNCH, STAGES, EVICT)
 INT8_CONFIGS = [(2, 2048, 4, 1, True), (2, 2048, 8, 1, True), (4, 2048, 4, 1, True), (4, 2048, 8, 1, True),
                 (8, 1024, 8, 1, True), (2, 4096, 8, 1, True)]  # fmt: skip
 

@@ -37,13 +37,14 @@ from .exporting import is_exporting
 from .pdl import pdl_kernels
 from .quantize import members
 
-BLOCK_N, BLOCK_K, WARPS = 2, 1024, 4  # the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
+# (rows a program, K step, warps): the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
+LAUNCH = (2, 1024, 4)
 # Weights loaded evict-first (read once a step: L2 is left to x) without software pipelining: 2-4% off
 # every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
 EVICT, STAGES = True, 1
-# int8 rows: bf16's K step (half its bytes a step): the int8 chain 0.7519 ms against 0.8374 at twice the K, the best
+# int8 rows: bf16's launch (half its bytes a K step): the int8 chain 0.7519 ms against 0.8374 at twice the K, the best
 # of seven launches (H100, bench/results/gemv_pdl_probe_int8_h100.md)
-INT8_BLOCK_K = BLOCK_K
+INT8_LAUNCH = LAUNCH
 # int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened): the chain
 # 0.8374 ms against 0.8407 (H100, the probe above)
 # (Loaded as 32-bit words, two a thread, int8 rows take x in its own layout, no exchange through shared memory, in
@@ -75,8 +76,9 @@ def _launch(
     from .triton_kernels import flashrt_pdl_gemv
 
     n, k = weight.shape
-    n, block_n = launch_rows(n, BLOCK_N, glu)
-    block_k = min(BLOCK_K if scale is None else INT8_BLOCK_K, triton.next_power_of_2(k))
+    block_n, block_k, warps = LAUNCH if scale is None else INT8_LAUNCH
+    n, block_n = launch_rows(n, block_n, glu)
+    block_k = min(block_k, triton.next_power_of_2(k))
     out = x.new_empty((*x.shape[:-1], n))  # x's dtype: an int8 weight's output is the activations'
     x = x.contiguous()
     wrap_triton(flashrt_pdl_gemv)[(triton.cdiv(n, block_n),)](
@@ -84,7 +86,7 @@ def _launch(
         out if residual is None else residual.contiguous(), out, out if scale is None else scale.contiguous(), n, k,
         eps, PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         HAS_SCALE=scale is not None, EVICT=EVICT, PDL=pdl_kernels(x), BLOCK_N=block_n, BLOCK_K=block_k, GLU=glu,
-        PREFETCH=PREFETCH, INT8_BITS=INT8_BITS, num_warps=WARPS, num_stages=STAGES,
+        PREFETCH=PREFETCH, INT8_BITS=INT8_BITS, num_warps=warps, num_stages=STAGES,
     )  # fmt: skip
     return out
 
