@@ -6,15 +6,13 @@ no model."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fresh_process import in_fresh_process
 from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F401  (llama: the fixture)
 
 from flashrt_build.stages.custom_ops import triton_calls
@@ -83,9 +81,7 @@ def attends_as_sdpa(device: str) -> None:
         print("ok")
         """
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    in_fresh_process(script, device)
 
 
 def test_the_kernel_attends_as_sdpa_does_in_the_triton_interpreter() -> None:
@@ -271,6 +267,4 @@ def test_the_one_kernel_attentions_counts_are_state_the_exported_program_writes_
         print("ok")
         """
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    in_fresh_process(script)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fresh_process import in_fresh_process
 from test_passes import exported_after_passes, llama, llm_overrides  # noqa: F401  (llama: the fixture)
 
 from flashrt_build.cache.plan import make_plan
@@ -47,9 +48,7 @@ def test_the_gemv_kernel_sums_as_linear_does_in_the_triton_interpreter() -> None
         print("ok")
         """
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    in_fresh_process(script)
 
 
 def test_the_layers_a_quant_rule_keeps_float_or_int8_per_row_take_it_a_fused_one_by_its_members_names(

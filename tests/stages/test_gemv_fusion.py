@@ -10,8 +10,6 @@ by hand and run the rewritten program in the interpreter in a fresh process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 import types
@@ -20,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from fresh_process import in_fresh_process
 from test_passes import llm_overrides
 
 from flashrt_build.cache.plan import make_plan
@@ -35,13 +34,6 @@ from flashrt_build.stages.passes import passes_stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llm_families import save_family  # noqa: E402
-
-
-def in_fresh_process(script: str, device: str = "cpu") -> None:
-    """`script` in a fresh process: on a CPU in Triton's interpreter, on a GPU compiled."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def computes_as_torch(device: str) -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from fresh_process import in_fresh_process
 from llm_families import save_family  # noqa: E402  (test_gemv_fusion put tests/ on the path)
-from test_gemv_fusion import decode_module, in_fresh_process
+from test_gemv_fusion import decode_module
 
 from flashrt_build.stages.domain import preserved_buffers
 from flashrt_build.stages.export import calling, export_stage

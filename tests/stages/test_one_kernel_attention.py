@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from fresh_process import in_fresh_process
 from llm_families import save_family
-from test_gemv_fusion import in_fresh_process
 from test_passes import llm_overrides
 from test_rotary_fusion import called, decode_graph
 

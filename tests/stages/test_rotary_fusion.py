@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_gemv_fusion import decode_module, in_fresh_process
+from fresh_process import in_fresh_process
+from test_gemv_fusion import decode_module
 
 from flashrt_build.stages import decode_attention
 from flashrt_build.stages.attention import model_configs
