@@ -42,9 +42,10 @@ LAUNCH = (2, 1024, 4)
 # Weights loaded evict-first (read once a step: L2 is left to x) without software pipelining: 2-4% off
 # every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
 EVICT, STAGES = True, 1
-# int8 rows: bf16's launch (half its bytes a K step): the int8 chain 0.7519 ms against 0.8374 at twice the K, the best
-# of seven launches (H100, bench/results/gemv_pdl_probe_int8_h100.md)
-INT8_LAUNCH = LAUNCH
+# int8 rows: bf16's K step and warps, twice its rows a program (as many bytes a program a step): the int8 chain
+# 0.7350 ms against 0.7512 at bf16's launch, its layers 0.5727 against 0.5867, the best of ten launches (H100,
+# bench/results/gemv_int8_launches_h100.md; its lm_head, bf16, at bf16's launch as a package launches it)
+INT8_LAUNCH = (4, 1024, 4)
 # int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened): the chain
 # 0.8374 ms against 0.8407 (H100, the probe above)
 # (Loaded as 32-bit words, two a thread, int8 rows take x in its own layout, no exchange through shared memory, in
