@@ -50,15 +50,21 @@ def compiled(weight: str, block_n: int, block_k: int, warps: int, prefetch: int,
         attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in types},
     )
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+    registers, sass = assembled(ptx.asm["ptx"])
+    return registers, loop_instructions(sass)
+
+
+def assembled(ptx: str) -> tuple[int, list[str]]:
+    """(registers a thread, SASS lines) of a kernel's PTX for sm_90a: Triton's own ptxas and nvdisasm."""
     tools = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as work:
-        (path := Path(work) / "gemv.ptx").write_text(ptx.asm["ptx"])
+        (path := Path(work) / "kernel.ptx").write_text(ptx)
         done = subprocess.run([os.fspath(tools / "ptxas"), "-v", "--gpu-name", "sm_90a", str(path), "-o",
-                               f"{work}/gemv.cubin"], capture_output=True, text=True, check=True)  # fmt: skip
-        sass = subprocess.run([os.fspath(tools / "nvdisasm"), "-c", f"{work}/gemv.cubin"], capture_output=True,
+                               f"{work}/kernel.cubin"], capture_output=True, text=True, check=True)  # fmt: skip
+        sass = subprocess.run([os.fspath(tools / "nvdisasm"), "-c", f"{work}/kernel.cubin"], capture_output=True,
                               text=True, check=True).stdout.splitlines()  # fmt: skip
     (line,) = [line for line in done.stderr.splitlines() if "registers" in line]
-    return int(line.split("Used")[1].split()[0]), loop_instructions(sass)
+    return int(line.split("Used")[1].split()[0]), sass
 
 
 def loop_instructions(sass: list[str]) -> int:
