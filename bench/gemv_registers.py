@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -38,20 +39,25 @@ REGISTERS_AN_SM, WARP = 65536, 32
 def compiled(weight: str, block_n: int, block_k: int, warps: int, prefetch: int, glu: bool) -> tuple[int, int]:
     """(registers a thread, SASS instructions in its K loop) of the kernel as a normed GEMV calls it (PDL on,
     evict-first, one stage): ptxas -v, and nvdisasm over its cubin (the loop: the longest backward branch)."""
-    fn = flashrt_pdl_gemv
     types = {name: "*bf16" for name in ("x_ptr", "v_ptr", "b_ptr", "r_ptr", "y_ptr")}
     types |= {"w_ptr": weight, "s_ptr": "*fp32", "N": "i32", "K": "i32", "eps": "fp32"}
     constexprs = dict(PROLOGUE=NORM, HAS_BIAS=False, HAS_RESIDUAL=False, HAS_SCALE=weight == "*i8", BLOCK_N=block_n,
                       BLOCK_K=block_k, EVICT=True, PDL=2, GLU=glu, PREFETCH=prefetch, INT8_BITS=True)  # fmt: skip
+    registers, sass = assembled(sm90_ptx(flashrt_pdl_gemv, types, constexprs, warps))
+    return registers, loop_instructions(sass)
+
+
+def sm90_ptx(fn: Any, types: dict[str, str], constexprs: dict[str, Any], warps: int) -> str:
+    """A Triton kernel's PTX for sm_90 (one stage), its pointers and integers `types` (16-byte aligned, as torch's
+    tensors and the decode shapes are), the rest of its arguments `constexprs`."""
     source = ASTSource(
         fn=fn,
         signature={name: types.get(name, "constexpr") for name in fn.arg_names},
         constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()},
         attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in types},
     )
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
-    registers, sass = assembled(ptx.asm["ptx"])
-    return registers, loop_instructions(sass)
+    options = {"num_warps": warps, "num_stages": 1}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
 def assembled(ptx: str) -> tuple[int, list[str]]:

@@ -83,23 +83,13 @@ def check() -> None:
 def sass() -> None:
     """Each form's K loop in SASS (sm_90a, compiled here), per weight element a thread sums."""
     import gemv_registers
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
+    types = {"w_ptr": "*bf16", "x_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32"}
     for launch in LAUNCHES:
         for words in (False, True):
-            types = {"w_ptr": "*bf16", "x_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32"}
             constexprs = {"BLOCK_N": launch[0], "BLOCK_K": launch[1], "WORDS": words}
-            names = words_gemv.arg_names
-            source = ASTSource(
-                fn=words_gemv,
-                signature={name: types.get(name, "constexpr") for name in names},
-                constexprs={(names.index(name),): value for name, value in constexprs.items()},
-                attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name in types},
-            )
-            options = {"num_warps": launch[2], "num_stages": 1}
-            kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-            registers, lines = gemv_registers.assembled(kernel.asm["ptx"])
+            ptx = gemv_registers.sm90_ptx(words_gemv, types, constexprs, launch[2])
+            registers, lines = gemv_registers.assembled(ptx)
             loop = gemv_registers.loop_instructions(lines)
             elements = launch[0] * launch[1] // (launch[2] * 32)  # weight elements a thread sums a K step
             form = "words" if words else "bf16"
