@@ -47,7 +47,7 @@ EVICT, STAGES = True, 1
 # bench/results/gemv_int8_launches_h100.md; its lm_head, bf16, at bf16's launch as a package launches it)
 INT8_LAUNCH = (4, 1024, 4)
 # int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened): the chain
-# 0.8374 ms against 0.8407 (H100, the probe above)
+# 0.8374 ms against 0.8407 (H100, bench/results/gemv_pdl_probe_int8_h100.md)
 # (Loaded as 32-bit words, two a thread, int8 rows take x in its own layout, no exchange through shared memory, in
 # 30% fewer instructions; the chain was slower: 1.026x the bytes', bench/results/gemv_int8_sweep_h100.md.)
 INT8_BITS = True
