@@ -45,19 +45,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_build.stages.gemv import EVICT, INT8_LAUNCH, LAUNCH, STAGES  # noqa: E402
 
 Config = tuple[int, int, int, int]  # rows a program, K step, split-K, stages (4 warps)
+GROUP = 128  # int4's columns a scale and zero (int4_wo's group size)
 LAUNCHED: dict[tuple[Config, torch.dtype], object] = {}  # the compiled kernel at each config and weight type
 
 
 @triton.jit
 def dot_gemv(w_ptr, s_ptr, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-             HAS_SCALE: tl.constexpr, FP32: tl.constexpr):  # fmt: skip
+             HAS_SCALE: tl.constexpr, FP32: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
     """y[n] = sum_k w[n, k] x[k] (* s[n]: HAS_SCALE, w int8) on tensor cores:
     BLOCK_N rows a program, its share of K (SPLIT_K) in BLOCK_K steps, x a
     [BLOCK_K, 16] tile of which only column 0 is loaded (the rest are 0, so
     the row sums are W x). int8 widens through fp32's bits (as the shipped
-    kernel's `widened`), then to the dot's type: bf16, or fp32 where FP32
-    (Triton's interpreter gets a bf16 dot wrong)."""
+    kernel's `widened`); uint8 w is int4, two a byte (the even element the
+    high nibble, as torchao packs them for tinygemm), w = (q - 8) * scale +
+    zero by GROUP columns, s [N, K / GROUP, 2] bf16 (scale, zero). Then to
+    the dot's type: bf16, or fp32 where FP32 (Triton's interpreter gets a
+    bf16 dot wrong)."""
     dot_type: tl.constexpr = tl.float32 if FP32 else tl.bfloat16
+    int4: tl.constexpr = w_ptr.dtype.element_ty == tl.uint8
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     span = K // SPLIT_K
     start = tl.program_id(1) * span
@@ -65,10 +70,13 @@ def dot_gemv(w_ptr, s_ptr, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: t
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k in range(start, start + span, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + rows[:, None] * K + ks[None, :])
         x = tl.load(x_ptr + ks[:, None] + column[None, :] * 0, mask=column[None, :] == 0, other=0.0)
-        if w.dtype == tl.int8:
-            w = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+        if int4:
+            w = int4_tile(w_ptr, s_ptr, rows, k, K, BLOCK_N, BLOCK_K, GROUP)
+        else:
+            w = tl.load(w_ptr + rows[:, None] * K + ks[None, :])
+            if w.dtype == tl.int8:
+                w = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
         acc = tl.dot(w.to(dot_type), x.to(dot_type), acc)
     y = tl.sum(acc, axis=1)
     if HAS_SCALE:
@@ -79,40 +87,81 @@ def dot_gemv(w_ptr, s_ptr, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: t
         tl.atomic_add(y_ptr + rows, y)
 
 
+@triton.jit
+def int4_tile(w_ptr, s_ptr, rows, k, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+    """The fp32 weights of `rows` at K columns k.. k + BLOCK_K from int4 two a byte and a (scale, zero) a GROUP."""
+    halves = k // 2 + tl.arange(0, BLOCK_K // 2)
+    packed = tl.load(w_ptr + rows[:, None] * (K // 2) + halves[None, :])
+    q = tl.join(packed >> 4, packed & 15).reshape(BLOCK_N, BLOCK_K).to(tl.int32)
+    q = (q + 0x4B400000).to(tl.float32, bitcast=True) - 12582920.0  # q - 8, through fp32's bits
+    groups = k // GROUP + tl.arange(0, BLOCK_K // GROUP)
+    at = s_ptr + (rows[:, None] * (K // GROUP) + groups[None, :]) * 2
+    scale, zero = tl.load(at).to(tl.float32), tl.load(at + 1).to(tl.float32)
+    w = q.reshape(BLOCK_N, BLOCK_K // GROUP, GROUP) * scale[:, :, None] + zero[:, :, None]
+    return w.reshape(BLOCK_N, BLOCK_K)
+
+
+def columns(w: torch.Tensor) -> int:
+    """K of a weight: int4 (uint8) holds two columns a byte."""
+    return w.shape[1] * (2 if w.dtype == torch.uint8 else 1)
+
+
 def dot(config: Config, fp32: bool = False) -> Callable[..., torch.Tensor]:
-    """The tensor-core GEMV at `config`: call(w, x, s=None), s int8 rows' scales."""
+    """The tensor-core GEMV at `config`: call(w, x, s=None), s int8 rows' scales or int4's scales and zeros."""
     block_n, block_k, split_k, stages = config
 
     def call(w: torch.Tensor, x: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
-        n, k = w.shape
+        n, k = w.shape[0], columns(w)
         assert n % block_n == 0 and k % (block_k * split_k) == 0, (w.shape, config)
         y = torch.zeros(n, device=w.device) if split_k > 1 else torch.empty(n, device=w.device, dtype=x.dtype)
-        grid = (n // block_n, split_k)
+        grid, scaled = (n // block_n, split_k), s is not None and w.dtype == torch.int8
         LAUNCHED[config, w.dtype] = dot_gemv[grid](w, w if s is None else s, x, y, n, k, BLOCK_N=block_n,
-                                                   BLOCK_K=block_k, SPLIT_K=split_k, HAS_SCALE=s is not None,
-                                                   FP32=fp32, num_warps=4, num_stages=stages)  # fmt: skip
+                                                   BLOCK_K=block_k, SPLIT_K=split_k, HAS_SCALE=scaled, FP32=fp32,
+                                                   GROUP=GROUP, num_warps=4, num_stages=stages)  # fmt: skip
         return y.to(x.dtype)
 
     return call
 
 
-def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`w` as int8_wo quantizes it: int8 rows and one fp32 scale a row."""
-    scale = w.float().abs().amax(1).clamp(min=1e-12) / 127
-    return (w.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+def int8_weights(n: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 rows and one fp32 scale a row, as int8_wo's."""
+    return torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device), torch.rand(n, device=device) / 100
+
+
+def int4_weights(n: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4 two a byte and a (scale, zero) a GROUP of columns, bf16 [N, K / GROUP, 2], as int4_wo's (tinygemm's)."""
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+    return packed, (torch.randn(n, k // GROUP, 2, device=device) / 100).to(torch.bfloat16)
+
+
+def dequantized(w: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
+    """The fp32 weight an int8 (w, s) or int4 (packed w, scales and zeros s) pair stands for; bf16 w as it is."""
+    if w.dtype == torch.int8:
+        return w.float() * s[:, None]
+    if w.dtype == torch.uint8:
+        q = torch.stack([w >> 4, w & 15], -1).reshape(w.shape[0], -1).float() - 8
+        n, groups = s.shape[:2]
+        return (q.reshape(n, groups, GROUP) * s[..., :1].float() + s[..., 1:].float()).reshape(n, -1)
+    return w.float()
+
+
+def tinygemm(w: torch.Tensor, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """int4_wo's matmul as torchao runs it on a GPU (w packed by `_convert_weight_to_int4pack`, s [K / GROUP, N, 2])."""
+    return torch.ops.aten._weight_int4pack_mm(x[None], w, GROUP, s)[0]
 
 
 def check() -> None:
-    """Both weight kinds, split and not, against float64 torch (Triton's interpreter, no GPU)."""
+    """Each weight kind, split and not, against float64 torch (Triton's interpreter, no GPU)."""
     torch.manual_seed(0)
-    w, x = torch.randn(64, 512, dtype=torch.bfloat16), torch.randn(512, dtype=torch.bfloat16)
-    q, s = int8_rows(w)
-    for config in [(16, 128, 1, 2), (32, 64, 2, 3)]:
-        for weights, scale, exact in ((w, None, w.double() @ x.double()),
-                                      (q, s, (q.double() @ x.double()) * s.double())):  # fmt: skip
-            got = dot(config, fp32=True)(weights, x, scale).double()
+    x = torch.randn(512, dtype=torch.bfloat16)
+    kinds = [(torch.randn(64, 512, dtype=torch.bfloat16), None), int8_weights(64, 512, "cpu"),
+             int4_weights(64, 512, "cpu")]  # fmt: skip
+    for config in [(16, 128, 1, 2), (32, 256, 2, 3)]:
+        for w, s in kinds:
+            exact = dequantized(w, s).double() @ x.double()
+            got = dot(config, fp32=True)(w, x, s).double()
             err = ((got - exact).abs() / exact.abs().clamp(min=1)).max().item()
-            assert err <= 2.0**-7, (config, weights.dtype, err)
+            assert err <= 2.0**-7, (config, w.dtype, err)
     print("ok")
 
 
@@ -120,9 +169,9 @@ def best(calls: dict[Config, Callable], weights: list[torch.Tensor], x: torch.Te
          reference: torch.Tensor, replays: int) -> tuple[float, Config | None]:  # fmt: skip
     """The fastest of `calls` that agrees with `reference` (one that cannot launch, out of shared memory, skipped)."""
     found: tuple[float, Config | None] = (math.inf, None)
+    n, k = weights[0].shape[0], columns(weights[0])
     for config, call in calls.items():
-        n, k = weights[0].shape
-        if n % config[0] or k % (config[1] * config[2]):
+        if n % config[0] or k % (config[1] * config[2]) or (weights[0].dtype == torch.uint8 and config[1] % GROUP):
             continue
         try:
             out = call(weights[0], x, s)
@@ -143,6 +192,36 @@ def resources(config: Config | None, dtype: torch.dtype) -> str:
     return f"{getattr(kernel, 'n_regs', '?')}, {getattr(kernel.metadata, 'shared', 0) // 1024}"
 
 
+def streamed(make: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of a weight enough that a graph calling each once reads STREAMED_BYTES from HBM, not L2."""
+    first = make()
+    return [first] + [make() for _ in range(max(1, math.ceil(STREAMED_BYTES / first.nbytes) - 1))]
+
+
+def timed(n: int, k: int, calls: dict[Config, Callable], replays: int) -> tuple[dict[str, tuple], bool]:
+    """Each form's microseconds a call at N x K (the tensor-core forms' best config beside it), and whether
+    tinygemm reads the int4 bytes as this probe does."""
+    x = torch.randn(k, device="cuda", dtype=torch.bfloat16)
+    bf16 = streamed(lambda: torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+    int8, s8 = streamed(lambda: int8_weights(n, k, "cuda")[0]), int8_weights(n, k, "cuda")[1]
+    int4, s4 = streamed(lambda: int4_weights(n, k, "cuda")[0]), int4_weights(n, k, "cuda")[1]
+    packed = [torch.ops.aten._convert_weight_to_int4pack(w, 8) for w in int4]  # int4_wo's inner K tiles
+    s4_tiny = s4.transpose(0, 1).contiguous()
+    ref8, ref4 = dequantized(int8[0], s8) @ x.float(), dequantized(int4[0], s4) @ x.float()
+    agrees = torch.allclose(tinygemm(packed[0], x, s4_tiny).float(), ref4, rtol=2e-2, atol=2e-1)
+    bf16_shipped, int8_shipped = shipped_gemv((*LAUNCH, STAGES, EVICT)), shipped_gemv((*INT8_LAUNCH, STAGES, EVICT))
+    us = {
+        "cuBLAS bf16": (replayed_us(cublas, bf16, replays, x), None),
+        "shipped bf16": (replayed_us(bf16_shipped, bf16, replays, x), LAUNCH),
+        "tensor cores bf16": best(calls, bf16, x, None, cublas(bf16[0], x).float(), replays),
+        "shipped int8": (replayed_us(lambda w, x: int8_shipped(w, x, s=s8), int8, replays, x), INT8_LAUNCH),
+        "tensor cores int8": best(calls, int8, x, s8, ref8, replays),
+        "tinygemm int4": (replayed_us(lambda w, x: tinygemm(w, x, s4_tiny), packed, replays, x), None),
+        "tensor cores int4": best(calls, int4, x, s4, ref4, replays),
+    }
+    return us, agrees
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true", help="against torch in Triton's interpreter, no GPU")
@@ -156,49 +235,34 @@ def main() -> None:
         return check()
     configs = list(itertools.product(args.block_n, args.block_k, args.split_k, args.stages))
     calls = {config: dot(config) for config in configs}
-    bf16_shipped = shipped_gemv((*LAUNCH, STAGES, EVICT))
-    int8_shipped = shipped_gemv((*INT8_LAUNCH, STAGES, EVICT))
     gpu = torch.cuda.get_device_name()
     torch.manual_seed(0)
-    forms = ["cuBLAS bf16", "shipped bf16", "tensor cores bf16", "shipped int8", "tensor cores int8"]
-    rows, step = [], dict.fromkeys(forms, 0.0)
+    forms = ["cuBLAS bf16", "shipped bf16", "tensor cores bf16", "shipped int8", "tensor cores int8", "tinygemm int4",
+             "tensor cores int4"]  # fmt: skip
+    rows, step, notes = [], dict.fromkeys(forms, 0.0), []
     for name, n, k, per_step in SHAPES:
-        copies = max(2, math.ceil(STREAMED_BYTES / (n * k)))  # int8's bytes: bf16 streams twice as much
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        x = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-        quantized = [int8_rows(w) for w in weights]
-        int8, scale = [q for q, _ in quantized], quantized[0][1]
-        bf16_reference = cublas(weights[0], x).float()
-        int8_reference = (int8[0].float() @ x.float()) * scale
-        us = {
-            "cuBLAS bf16": (replayed_us(cublas, weights, args.replays, x), None),
-            "shipped bf16": (replayed_us(bf16_shipped, weights, args.replays, x), LAUNCH),
-            "tensor cores bf16": best(calls, weights, x, None, bf16_reference, args.replays),
-            "shipped int8": (
-                replayed_us(lambda w, x, scale=scale: int8_shipped(w, x, s=scale), int8, args.replays, x),
-                INT8_LAUNCH,
-            ),  # fmt: skip
-            "tensor cores int8": best(calls, int8, x, scale, int8_reference, args.replays),
-        }
+        us, agrees = timed(n, k, calls, args.replays)
+        if not agrees:
+            notes.append(f"{name}: tinygemm's output is not this probe's reading of the int4 bytes (its time stands)")
         for form in forms:
             step[form] += us[form][0] * per_step
+        kinds = (("bf16", torch.bfloat16), ("int8", torch.int8), ("int4", torch.uint8))
         rows.append([name, f"{n}x{k}"] + [f"{us[f][0]:.2f} {us[f][1] or ''}".strip() for f in forms]
-                    + [resources(us["tensor cores bf16"][1], torch.bfloat16),
-                       resources(us["tensor cores int8"][1], torch.int8)])  # fmt: skip
+                    + [resources(us[f"tensor cores {kind}"][1], dtype) for kind, dtype in kinds])  # fmt: skip
         print(rows[-1], flush=True)
-        del weights, int8, quantized
     body = (
         f"{gpu}, torch {torch.__version__}, triton {triton.__version__}; us a call, one row, weights streamed "
         f"from HBM; shipped: flashrt_pdl_gemv at gemv.LAUNCH / INT8_LAUNCH (rows, K step, warps), without PDL; "
         f"tensor cores: the best of {len(configs)} (rows, K step, split-K, stages), 4 warps\n\n"
         + table(
-            ["shape", "N x K", *forms, "bf16 registers, shared KB", "int8 registers, shared KB"],
+            ["shape", "N x K", *forms, *(f"{kind} registers, shared KB" for kind in ("bf16", "int8", "int4"))],
             rows,
-            "ll" + "l" * len(forms) + "rr",
+            "ll" + "l" * len(forms) + "rrr",
         )  # fmt: skip
         + "\n\nOne decode step's matmuls (16 layers and the lm_head), ms: "
         + ", ".join(f"{form} {total / 1000:.4f}" for form, total in step.items())
         + "\n"
+        + "".join(f"\n{note}\n" for note in notes)
     )
     tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else "gpu"
     publish(RESULTS / f"gemv_dot_probe_{tag}.md", "GEMV on tensor cores, loads pipelined through shared memory",
