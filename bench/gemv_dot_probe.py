@@ -167,7 +167,8 @@ def check() -> None:
 
 def best(calls: dict[Config, Callable], weights: list[torch.Tensor], x: torch.Tensor, s: torch.Tensor | None,
          reference: torch.Tensor, replays: int) -> tuple[float, Config | None]:  # fmt: skip
-    """The fastest of `calls` that agrees with `reference` (one that cannot launch, out of shared memory, skipped)."""
+    """The fastest of `calls` that agrees with `reference` (one that cannot compile or launch, as out of shared
+    memory, skipped: the log names it)."""
     found: tuple[float, Config | None] = (math.inf, None)
     n, k = weights[0].shape[0], columns(weights[0])
     for config, call in calls.items():
@@ -175,7 +176,8 @@ def best(calls: dict[Config, Callable], weights: list[torch.Tensor], x: torch.Te
             continue
         try:
             out = call(weights[0], x, s)
-        except triton.runtime.errors.OutOfResources:
+        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError) as error:
+            print(f"{config} {weights[0].dtype}: skipped, {type(error).__name__}", flush=True)
             continue
         if not torch.allclose(out.float(), reference, rtol=2e-2, atol=2e-1):
             raise SystemExit(f"the tensor-core GEMV at {config} ({weights[0].dtype}) disagrees with the reference")
