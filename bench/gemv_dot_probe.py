@@ -17,6 +17,11 @@ about 2.5 GFLOP). Split-K programs add their sums into a zeroed fp32 y.
     python bench/gemv_dot_probe.py     # a GPU: bench/results/gemv_dot_probe_<gpu>.md
     TRITON_INTERPRET=1 python bench/gemv_dot_probe.py --check    # no GPU: against torch
 
+Measured on an H100 (bench/results/gemv_dot_probe_h100.md): slower than the
+shipped kernel for bf16 and int8 rows (a step's matmuls 1.028 and 0.798 ms
+against 0.922 and 0.636) and than tinygemm for int4 (0.980 against 0.509);
+in the package's chain (bench/results/gemv_dot.patch) 1.9-3.5x.
+
 Prints, per decode shape (Llama-3.2-1B), cuBLAS (bf16), the shipped kernel
 on bf16 and on int8 rows at their launches, and the best tensor-core
 configuration on each (rows a program, K step, split-K, stages), then one
