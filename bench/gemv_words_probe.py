@@ -10,6 +10,9 @@ GEMV (y = W x, bf16, one row) in both forms:
     python bench/gemv_words_probe.py           # a GPU: both timed at decode shapes, against cuBLAS
                                                # (bench/results/gemv_words_probe_<gpu>.md)
     TRITON_INTERPRET=1 python bench/gemv_words_probe.py --check   # no GPU: both forms against torch
+
+Measured on an H100 (bench/results/gemv_words_probe_h100.md): the same
+within 1% (a step's matmuls 0.9245 ms by element, 0.9310 as words).
 """
 
 from __future__ import annotations
