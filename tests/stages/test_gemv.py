@@ -107,3 +107,15 @@ def test_the_gemv_probe_launches_the_kernel_as_it_is_now() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, str(probe), "--check"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and "int8 rows agree with their reference" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("probe", ["gemv_dot_probe.py", "gemv_words_probe.py"])
+def test_the_gemv_probes_kernels_compute_as_torch(probe: str) -> None:
+    """The GPU probes' own kernels (tensor-core GEMVs over bf16, int8 and
+    int4 rows; a bf16 GEMV widening by element and as words) against float64
+    torch in Triton's interpreter: a probe that drifted from its kernels, or
+    from gemv_probe's helpers it imports, fails here, not on a lent GPU."""
+    path = Path(__file__).resolve().parents[2] / "bench" / probe
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(path), "--check"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
