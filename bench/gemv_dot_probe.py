@@ -43,7 +43,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemv_fusion_probe import gemv as shipped_gemv  # noqa: E402
-from gemv_probe import SHAPES, STREAMED_BYTES, cublas, int_list, replayed_us  # noqa: E402
+from gemv_probe import SHAPES, cublas, int_list, replayed_us, streamed, streamed_copies  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -199,19 +199,13 @@ def resources(config: Config | None, dtype: torch.dtype) -> str:
     return f"{getattr(kernel, 'n_regs', '?')}, {getattr(kernel.metadata, 'shared', 0) // 1024}"
 
 
-def streamed(make: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of a weight enough that a graph calling each once reads STREAMED_BYTES from HBM, not L2."""
-    first = make()
-    return [first] + [make() for _ in range(max(1, math.ceil(STREAMED_BYTES / first.nbytes) - 1))]
-
-
 def timed(n: int, k: int, calls: dict[Config, Callable], replays: int) -> tuple[dict[str, tuple], bool]:
     """Each form's microseconds a call at N x K (the tensor-core forms' best config beside it), and whether
     tinygemm reads the int4 bytes as this probe does."""
     x = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-    bf16 = streamed(lambda: torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-    int8, s8 = streamed(lambda: int8_weights(n, k, "cuda")[0]), int8_weights(n, k, "cuda")[1]
-    int4, s4 = streamed(lambda: int4_weights(n, k, "cuda")[0]), int4_weights(n, k, "cuda")[1]
+    bf16 = streamed(n, k)
+    int8, s8 = streamed_copies(lambda: int8_weights(n, k, "cuda")[0]), int8_weights(n, k, "cuda")[1]
+    int4, s4 = streamed_copies(lambda: int4_weights(n, k, "cuda")[0]), int4_weights(n, k, "cuda")[1]
     packed = [torch.ops.aten._convert_weight_to_int4pack(w, 8) for w in int4]  # int4_wo's inner K tiles
     s4_tiny = s4.transpose(0, 1).contiguous()
     ref8, ref4 = dequantized(int8[0], s8) @ x.float(), dequantized(int4[0], s4) @ x.float()

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +54,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gemv_probe import SHAPES, STREAMED_BYTES, int_list, replayed_us  # noqa: E402
+from gemv_probe import SHAPES, int_list, replayed_us, streamed  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
 from flashrt_build.stages.gemv import (  # noqa: E402
@@ -240,11 +239,6 @@ def check(device: str) -> None:
         if not torch.equal(got, every[:, 0].float()):
             raise SystemExit(f"int8 values ({config}, bits {bits}): {got.tolist()}")
     print("int8 rows agree with their reference, every int8 value exact", flush=True)
-
-
-def streamed(n: int, k: int) -> list[torch.Tensor]:
-    count = max(2, math.ceil(STREAMED_BYTES / (n * k * 2)))
-    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(count)]
 
 
 def configurations(sizes: dict[str, tuple[int, int, int]], configs: list[Config], replays: int):

@@ -15,6 +15,7 @@ and the ratio, then the sum over one decode step of the 1B model's shapes.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import sys
@@ -80,6 +81,18 @@ def triton_gemv(
     return gemv
 
 
+def streamed_copies(make: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of a weight (`make` makes one), enough that a graph calling each once reads STREAMED_BYTES from HBM,
+    not L2: two at least."""
+    first = make()
+    return [first] + [make() for _ in range(max(1, math.ceil(STREAMED_BYTES / first.nbytes) - 1))]
+
+
+def streamed(n: int, k: int) -> list[torch.Tensor]:
+    """`streamed_copies` of a random bf16 weight of N x K."""
+    return streamed_copies(functools.partial(torch.randn, n, k, device="cuda", dtype=torch.bfloat16))
+
+
 def cublas(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x[None], w)[0]
 
@@ -126,10 +139,7 @@ def main() -> None:
     rows, step = [], {"cuBLAS": 0.0, "Triton GEMV": 0.0}
     for name, n, k, per_step in SHAPES:
         size = n * k * 2
-        weights = [
-            torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            for _ in range(max(2, math.ceil(STREAMED_BYTES / size)))
-        ]
+        weights = streamed(n, k)
         x = torch.randn(k, device="cuda", dtype=torch.bfloat16)
         reference = cublas(weights[0], x).float()
         base = replayed_us(cublas, weights, args.replays, x)

@@ -18,7 +18,6 @@ within 1% (a step's matmuls 0.9245 ms by element, 0.9310 as words).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_probe import SHAPES, STREAMED_BYTES, cublas, replayed_us  # noqa: E402
+from gemv_probe import SHAPES, cublas, replayed_us, streamed  # noqa: E402
 from report import RESULTS, publish, table  # noqa: E402
 
 LAUNCHES = [(2, 1024, 4), (2, 2048, 4), (4, 1024, 4)]  # rows a program, K step (elements), warps; the first shipped
@@ -112,8 +111,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows, step = [], {"cuBLAS": 0.0} | {f"{launch} {form}": 0.0 for launch in LAUNCHES for form in ("bf16", "words")}
     for name, n, k, per_step in SHAPES:
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(max(2, math.ceil(STREAMED_BYTES / (n * k * 2))))]  # fmt: skip
+        weights = streamed(n, k)
         x = torch.randn(k, device="cuda", dtype=torch.bfloat16)
         reference = cublas(weights[0], x).float()
         base = replayed_us(cublas, weights, args.replays, x)
