@@ -48,6 +48,7 @@ from report import RESULTS, publish, table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_build.stages.gemv import EVICT, INT8_LAUNCH, LAUNCH, STAGES  # noqa: E402
+from flashrt_build.stages.triton_kernels import widened  # noqa: E402
 
 Config = tuple[int, int, int, int]  # rows a program, K step, split-K, stages (4 warps)
 GROUP = 128  # int4's columns a scale and zero (int4_wo's group size)
@@ -60,7 +61,7 @@ def dot_gemv(w_ptr, s_ptr, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: t
     """y[n] = sum_k w[n, k] x[k] (* s[n]: HAS_SCALE, w int8) on tensor cores:
     BLOCK_N rows a program, its share of K (SPLIT_K) in BLOCK_K steps, x a
     [BLOCK_K, 16] tile of which only column 0 is loaded (the rest are 0, so
-    the row sums are W x). int8 widens through fp32's bits (as the shipped
+    the row sums are W x). int8 widens through fp32's bits (the shipped
     kernel's `widened`); uint8 w is int4, two a byte (the even element the
     high nibble, as torchao packs them for tinygemm), w = (q - 8) * scale +
     zero by GROUP columns, s [N, K / GROUP, 2] bf16 (scale, zero). Then to
@@ -81,7 +82,7 @@ def dot_gemv(w_ptr, s_ptr, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: t
         else:
             w = tl.load(w_ptr + rows[:, None] * K + ks[None, :])
             if w.dtype == tl.int8:
-                w = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+                w = widened(w, True)
         acc = tl.dot(w.to(dot_type), x.to(dot_type), acc)
     y = tl.sum(acc, axis=1)
     if HAS_SCALE:
