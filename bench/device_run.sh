@@ -63,7 +63,7 @@ for step in "$@"; do
       cmd=(python3 bench/gemv_probe.py --block-n 2,4,8,16 --block-k 256,512,1024 --split-k 1,2,4 --warps 4,8) ;;
     words)  # a plain bf16 GEMV widening its weights by element (as the shipped kernel does) against as 32-bit words
       cmd=(python3 bench/gemv_words_probe.py) ;;
-    dot)  # int8 and bf16 GEMVs on tensor cores, their loads pipelined through shared memory, against the shipped kernel
+    dot)  # bf16, int8 and int4 GEMVs on tensor cores, loads pipelined through shared memory, against the shipped kernel and tinygemm
       cmd=(python3 bench/gemv_dot_probe.py) ;;
     int8_launches)  # the int8 GEMV chain at launches of one or two 16-byte loads a row a thread, the lm_head at bf16's
       # launch (as a package launches it), and the bf16 and int8 layers without the lm_head

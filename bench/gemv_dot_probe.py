@@ -1,10 +1,10 @@
 """Can a GEMV over int8 rows read at the bandwidth if its loads go to shared
 memory, not registers? The shipped kernel keeps each weight tile in
 registers beside an fp32 product an element, so an SM holds about 16 KB of
-int8 weight in flight against 36 KB of bf16 (bench/results/gemv_registers.md)
-and int8 rows stream at about bf16's elements a second, not its bytes
-(0.83x bf16's time where the bytes say 0.5x). Fewer registers (folding),
-fewer instructions (words) and other launches did not move it.
+int8 weight in flight against 36 KB of bf16 (bench/results/gemv_registers.md),
+and int8 rows took 0.83x bf16's time where the bytes say 0.5x. Fewer
+registers (folding), fewer instructions (words) and other launches did not
+move it.
 
 This kernel multiplies on tensor cores instead: W's BLOCK_N rows times x
 as a BLOCK_K x 16 tile whose first column is x (the other fifteen are
@@ -20,7 +20,9 @@ about 2.5 GFLOP). Split-K programs add their sums into a zeroed fp32 y.
 Measured on an H100 (bench/results/gemv_dot_probe_h100.md): slower than the
 shipped kernel for bf16 and int8 rows (a step's matmuls 1.028 and 0.798 ms
 against 0.922 and 0.636) and than tinygemm for int4 (0.980 against 0.509);
-in the package's chain (bench/results/gemv_dot.patch) 1.9-3.5x.
+in the package's chain (bench/results/gemv_dot.patch) 1.9-3.5x. Alone, the
+shipped int8 kernel reads a large weight near the bandwidth (the lm_head at
+2.83 TB/s); at a layer's size a call's fixed cost is most of its time.
 
 Prints, per decode shape (Llama-3.2-1B), cuBLAS (bf16), the shipped kernel
 on bf16 and on int8 rows at their launches, and the best tensor-core
