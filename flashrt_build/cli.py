@@ -7,6 +7,7 @@ HYDRA_FULL_ERROR=1) for the traceback.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from .config.inputs import NAME
 from .config.naming import group_overrides
 from .config.paths import check_writable
 from .config.schema import register_schema
-from .errors import ConfigError, Interrupted, quiet_known_warnings, stop_on_signals
+from .errors import ConfigError, Interrupted, exit_interrupted, quiet_known_warnings, stop_on_signals
 from .stages.threads import default_parallel_jobs
 
 log = logging.getLogger("flashrt_build")
@@ -118,9 +119,8 @@ def main() -> None:
     stop_on_signals()
     try:
         _hydra_main()
-    except Interrupted as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(exc.exit_code)
+    except Interrupted as stopped:
+        exit_interrupted(stopped, functools.partial(print, file=sys.stderr))
     except SystemExit as exc:
         # Hydra exits 1 on any composition error (unknown key, wrong type,
         # missing group option): that is the command line's fault, so exit 2.

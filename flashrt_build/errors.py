@@ -13,7 +13,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -157,6 +157,22 @@ def cleanup_uninterrupted() -> Iterator[None]:
     if _received and not _raised and not _deferring:
         _raised.append(True)
         raise Interrupted(_received[0])
+
+
+def exit_interrupted(stopped: Interrupted, report: Callable[[str], object]) -> NoReturn:
+    """Report an interrupted command and end its process at once.
+
+    The signal may have landed anywhere in torch (mid-compile, between a
+    mode's push and its pop), and the frames it unwound keep that half-made
+    state alive until the interpreter's teardown, which can abort on it (CI
+    saw SIGABRT instead of exit 143). Staging directories, locks and partial
+    files were undone while unwinding; only the output buffers are left."""
+    report(str(stopped))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nobody is reading
+            stream.flush()
+    os._exit(stopped.exit_code)
 
 
 def report_failure(log: logging.Logger, exc: Exception) -> FlashrtError:

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import Interrupted, quiet_known_warnings, report_failure, stop_on_signals
+from ..errors import Interrupted, exit_interrupted, quiet_known_warnings, report_failure, stop_on_signals
 from .job import BUILD_CONFIG, BUILD_RESULT, failure
 
 log = logging.getLogger("flashrt_build")
@@ -43,5 +43,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main(Path(sys.argv[1])))
     except Interrupted as stopped:
-        log.error("%s", stopped)
-        sys.exit(stopped.exit_code)
+        exit_interrupted(stopped, log.error)

@@ -211,7 +211,10 @@ def test_check_names_its_argument_for_a_file_that_is_no_checkpoint(
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_build_says_so_in_one_line_and_removes_its_staging(tmp_path: Path, signum: int) -> None:
-    """Ctrl-C (SIGINT to the process group) printed a 120-line traceback; SIGTERM left a staging directory."""
+    """Ctrl-C (SIGINT to the process group) printed a 120-line traceback; SIGTERM left a staging directory;
+    once in CI, SIGTERM during the compile ended in SIGABRT (-6) instead of 143, its output unkept: an
+    interrupted command now skips the interpreter's teardown of what the signal left half-made
+    (errors.exit_interrupted), and a crash here shows its stack and the command's last words."""
     out = tmp_path / "mlp"
     proc = subprocess.Popen(
         [sys.executable, "-m", "flashrt_build", "+module=mlp", f"output_dir={out}", f"output_root={tmp_path}"],
@@ -219,7 +222,7 @@ def test_an_interrupted_build_says_so_in_one_line_and_removes_its_staging(tmp_pa
         stdout=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
-        env={**os.environ, **QUIET},
+        env={**os.environ, **QUIET, "PYTHONFAULTHANDLER": "1"},  # a crash shows where it happened
     )
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -232,7 +235,7 @@ def test_an_interrupted_build_says_so_in_one_line_and_removes_its_staging(tmp_pa
                 proc.send_signal(signum)
             break
     rest = proc.stderr.read()
-    assert proc.wait(timeout=120) == 128 + signum
+    assert proc.wait(timeout=120) == 128 + signum, rest
     assert "Traceback" not in rest
     assert rest.strip().splitlines()[-1] == (
         f"interrupted by {signal.Signals(signum).name}: nothing was published; an earlier artifact at the output "
@@ -269,6 +272,26 @@ except OSError as exc:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['cleaned up'] 130 RuntimeError", "130 OSError"]
+
+
+def test_an_interrupted_command_ends_without_the_interpreters_teardown_but_says_everything() -> None:
+    """The teardown of what a signal left half-made can abort the process (CI: SIGABRT, not 143), so an
+    interrupted command ends at once; what it had written to its buffered streams still comes out."""
+    script = """
+import atexit, logging, sys
+from flashrt_build.errors import Interrupted, exit_interrupted
+logging.basicConfig(stream=sys.stdout, format="%(message)s")
+atexit.register(print, "teardown ran")
+sys.stdout.write("buffered, ")
+logging.getLogger("x").error("logged")
+exit_interrupted(Interrupted(15), print)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143, done.stderr
+    assert done.stdout.splitlines() == [
+        "buffered, logged",
+        "interrupted by SIGTERM: nothing was published; an earlier artifact at the output directory is as it was",
+    ]
 
 
 @pytest.mark.slow
