@@ -40,7 +40,9 @@ def main(job_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    job_dir = Path(sys.argv[1])
     try:
-        sys.exit(main(Path(sys.argv[1])))
-    except Interrupted as stopped:
+        sys.exit(main(job_dir))
+    except Interrupted as stopped:  # the sweep's summary says "Interrupted", not that the process died
+        (job_dir / BUILD_RESULT).write_text(json.dumps(failure(stopped)) + "\n")
         exit_interrupted(stopped, log.error)

@@ -3,9 +3,11 @@ launchers, each with a job that fails, sharing one output root (and store)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -163,6 +165,43 @@ def test_submitit_local_sweep(sweep_root: Path) -> None:
     assert rows["+module=once_per_process weights=external seed=3"]["threads"] == 1  # cpus_per_task
     assert_failed_with_cause(rows["+module=export_fails weights=external seed=3"])
     assert (sweep_root / "submitit" / ".submitit").is_dir()  # submitit really submitted the jobs
+
+
+@pytest.mark.slow
+def test_a_job_whose_build_is_stopped_says_interrupted_and_its_sweep_goes_on(tmp_path: Path) -> None:
+    """SIGTERM to one job's build process (a cluster's cancel, a user's kill) was summarised as
+    'BuildProcessDied: ... exited with code 143'; the job was interrupted, and says so."""
+    sweep_dir, out = tmp_path / "sweep", tmp_path / "out"
+    command = [sys.executable, "-m", "flashrt_build", "-m", "+module=mlp", f"output_root={out}"]
+    env = {**os.environ, "HYDRA_FULL_ERROR": "", "FLASHRT_TRACEBACK": ""}
+    proc = subprocess.Popen(
+        [*command, f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "[job 0] export " in line:  # the build process is compiling
+            os.kill(_build_process_of(sweep_dir), signal.SIGTERM)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=300) == 143, rest  # a sweep exits with its worst job's code
+    (row,) = json.loads((sweep_dir / SUMMARY_JSON).read_text())["rows"]
+    assert row["status"] == "failed" and row["exit_code"] == 143
+    assert row["error"] == {
+        "type": "Interrupted",
+        "message": "interrupted by SIGTERM: nothing was published; an earlier artifact at the output directory "
+        "is as it was",
+    }
+    assert not list(out.rglob(".staging-*")) and not list(out.rglob("model.pt2"))
+
+
+def _build_process_of(sweep_dir: Path) -> int:
+    """The pid of the sweep's build process (its job directory is under `sweep_dir`)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if b"flashrt_build.sweep.build_process" in args and str(sweep_dir).encode() in b" ".join(args):
+                return int(cmdline.parent.name)
+    raise AssertionError(f"no build process of {sweep_dir} is running")
 
 
 @pytest.mark.slow
