@@ -105,6 +105,8 @@ output_root=/tmp/w3/out hydra.verbose=flashrt_build.stages.verify") ;;
     decode_goal)  # the decode goal in one call: passes=llm, it with one_kernel_attention, and transformers + reduce-overhead
       cmd=("${bench[@]}" --only decode --passes llm --variant "one_kernel:passes=llm passes.one_kernel_attention=true"
            --jobs 2 --out-name causal_lm_decode_goal_$tag) ;;
+    decode_quick)  # the decode goal's package alone (passes=llm, one build, no transformers): for a short call
+      cmd=("${bench[@]}" --only decode --passes llm --no-baseline --out-name causal_lm_decode_quick_$tag) ;;
     decode_attention)  # passes=llm with and without its attention kernel
       cmd=("${bench[@]}" --only decode --passes llm --variant "no_attn:passes=llm passes.decode_attention=false"
            --no-baseline --jobs 2 --out-name causal_lm_decode_attention_$tag) ;;
