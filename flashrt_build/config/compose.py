@@ -145,7 +145,7 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
     in_file = f" (in {where}.yaml)" if where else ""
     if full_key and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         *path, key = str(full_key).split(".")
-        problem = unknown_key(path, key, values.get(str(full_key), "?"))
+        problem = unknown_key(path, key, _typed_value(str(full_key), values))
         return ConfigError(problem.key, problem.value, problem.expected + in_file)
     merging = re.match(r"Error merging override (\S+?)=", text)
     if merging:  # the override's own key: a merge error's full_key may be relative to the node it hit
@@ -167,6 +167,19 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
             f"several values sweep only with -m (--multirun); a list is {key}=[{value}], a string {key}='{value}'",
         )
     return ConfigError("command line", " ".join(overrides), first_lines(exc, 2), "argument")
+
+
+def _typed_value(full_key: str, values: dict[str, str]) -> Any:
+    """The value the command line gave `full_key`, or gave a key below it
+    (`inductor.option.max_autotune=true` fails at `inductor.option`) nested
+    as {max_autotune: 'true'}, so the message names the key as typed."""
+    typed = next((key for key in values if key.startswith(f"{full_key}.")), None)
+    if full_key in values or typed is None:
+        return values.get(full_key, "?")
+    value: Any = values[typed]
+    for part in reversed(typed[len(full_key) + 1 :].split(".")):
+        value = {part: value}
+    return value
 
 
 def _override_key(override: str) -> str:

@@ -52,6 +52,9 @@ def unknown_key(path: list[str], key: str, value: Any) -> ConfigError:
         ((child, value),) = value.items()
         typed.append(str(child))
     guess = _closest(path, typed)
+    if guess == [*path, *typed]:  # a free-form place (Inductor's options, a module's kwargs): new there
+        new_key = ".".join(guess)
+        return ConfigError(new_key, value, f"not in the config yet; a new key is added with '+': +{new_key}={value}")
     if guess:
         hint = f"did you mean {'.'.join(guess)}?"
     else:

@@ -315,6 +315,24 @@ def test_free_form_places_take_any_key() -> None:
     assert spec.inductor_options["max_autotune"] is True  # checked against Inductor's own config later
 
 
+def test_a_free_form_key_without_plus_is_told_to_add_it_with_plus() -> None:
+    """`inductor.options.max_autotune=true` (a key new to the config, without `+`) was answered
+    'did you mean inductor.options.max_autotune?'; a typo above a key named only the part it hit, = '?'."""
+    for key, value in (("inductor.options.max_autotune", "true"), ("module.kwargs.flag", "1")):
+        with pytest.raises(ConfigError) as info:
+            compose(["+module=mlp", f"{key}={value}"])
+        assert str(info.value) == (
+            f"config key '{key}' = '{value}': not in the config yet; a new key is added with '+': +{key}={value}"
+        )
+        compose(["+module=mlp", f"+{key}={value}"])  # as it says
+    with pytest.raises(ConfigError) as info:
+        compose(["+module=mlp", "inductor.option.max_autotune=true"])
+    assert str(info.value) == (
+        "config key 'inductor.option.max_autotune' = 'true': not a config key; "
+        "did you mean inductor.options.max_autotune?"
+    )
+
+
 def test_the_api_refuses_an_unknown_key_in_a_plain_mapping() -> None:
     with pytest.raises(ConfigError, match=r"'verfy.enabled' = False: not a config key; did you mean verify.enabled\?"):
         as_build_config({"module": {"name": "m"}, "verfy": {"enabled": False}})
