@@ -141,13 +141,16 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
     cause = exc.__cause__ or exc.__context__
     full_key = getattr(cause, "full_key", None)
     text = str(exc)
+    merging = re.match(r"Error merging override (\S+?)=", text)
+    axis = _axis_override(values, merging.group(1).lstrip("+~") if merging else str(full_key or ""))
+    if axis is not None:
+        return axis
     where = text[len("In '") : text.index("'", 4)] if text.startswith("In '") else None
     in_file = f" (in {where}.yaml)" if where else ""
     if full_key and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         *path, key = str(full_key).split(".")
         problem = unknown_key(path, key, _typed_value(str(full_key), values))
         return ConfigError(problem.key, problem.value, problem.expected + in_file)
-    merging = re.match(r"Error merging override (\S+?)=", text)
     if merging:  # the override's own key: a merge error's full_key may be relative to the node it hit
         full_key = merging.group(1).lstrip("+~")
     if full_key:
@@ -167,6 +170,28 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
             f"several values sweep only with -m (--multirun); a list is {key}=[{value}], a string {key}='{value}'",
         )
     return ConfigError("command line", " ".join(overrides), first_lines(exc, 2), "argument")
+
+
+# `module.inputs.x.dynamic.0.max`: an axis named in a dotted key
+_AXIS_KEY = re.compile(r"(?P<whole>(?:.+\.)?dynamic)\.(?P<axis>\d+)(?:\.(?P<rest>.+))?")
+
+
+def _axis_override(values: dict[str, str], failed: str) -> ConfigError | None:
+    """A dotted key through an axis number finds nothing: Hydra reads the 0
+    of `dynamic.0.max` as text, the YAML's `0:` is a number. A mapping merged
+    over `dynamic` reaches it (and adds a new axis), so say that one."""
+    for key, value in values.items():
+        match = _AXIS_KEY.fullmatch(key)
+        if match is None or not failed or not (key == failed or key.startswith(f"{failed}.")):
+            continue
+        inner = value
+        for part in reversed(match["rest"].split(".") if match["rest"] else []):
+            inner = f"{{{part}: {inner}}}"
+        whole = f"++{match['whole']}={{{match['axis']}: {inner}}}"
+        return ConfigError(
+            key, value, f"a dotted key cannot reach an axis (Hydra reads {match['axis']} as text); merge it: '{whole}'"
+        )
+    return None
 
 
 def _typed_value(full_key: str, values: dict[str, str]) -> Any:

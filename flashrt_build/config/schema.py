@@ -52,8 +52,9 @@ class InputConfig:
 
     shape: list[int] = MISSING
     dtype: str = "float32"
-    # Keys are axis numbers; `Any` so a command-line override (`dynamic.0.max=8`)
-    # can address them as well as YAML can.
+    # Keys are axis numbers, as YAML gives them (`0:` is an int; `Any` takes
+    # it). A dotted override cannot reach one (Hydra reads `dynamic.0` as the
+    # text '0'): the command line merges `++...dynamic={0: {max: 8}}` instead.
     dynamic: dict[Any, DimConfig] = field(default_factory=dict)
     # Value range for integer inputs (token ids): low inclusive, high exclusive.
     low: int | None = None

@@ -333,6 +333,22 @@ def test_a_free_form_key_without_plus_is_told_to_add_it_with_plus() -> None:
     )
 
 
+def test_a_dotted_key_through_an_axis_is_told_the_override_that_reaches_it() -> None:
+    """`module.inputs.x.dynamic.0.max=8` found nothing (Hydra reads the 0 as text, the YAML's axis is a
+    number) and was told to add the key with '+', which fails too; the merge it is told now works."""
+    for override in ("module.inputs.x.dynamic.0.max=8", "+module.inputs.x.dynamic.0.max=8"):
+        with pytest.raises(ConfigError) as info:
+            compose(["+module=mlp", override])
+        assert str(info.value) == (
+            "config key 'module.inputs.x.dynamic.0.max' = '8': a dotted key cannot reach an axis (Hydra reads 0 "
+            "as text); merge it: '++module.inputs.x.dynamic={0: {max: 8}}'"
+        )
+    (x,) = spec_of("++module.inputs.x.dynamic={0: {max: 8}}").inputs
+    assert (x.dynamic[0].min, x.dynamic[0].max, x.dynamic[0].name) == (1, 8, "batch")  # the rest as the YAML has it
+    with pytest.raises(ConfigError, match=r"'verify.repet' = '2': not a config key"):  # the key that failed, named
+        compose(["+module=mlp", "verify.repet=2", "module.inputs.x.dynamic.0.max=8"])
+
+
 def test_the_api_refuses_an_unknown_key_in_a_plain_mapping() -> None:
     with pytest.raises(ConfigError, match=r"'verfy.enabled' = False: not a config key; did you mean verify.enabled\?"):
         as_build_config({"module": {"name": "m"}, "verfy": {"enabled": False}})
