@@ -117,13 +117,19 @@ def name_and_place(cfg: DictConfig, baseline: DictConfig, config_dir: str | Path
                 cfg.python_path = [*(cfg.get("python_path") or []), parent]
 
 
+# Names people use for a shipped option, where spelling alone would suggest
+# another (`target=gpu` is nearest to cpu).
+_OTHER_NAMES = {("target", "gpu"): "cuda", ("target", "nvidia"): "cuda"}
+
+
 def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigError:
     """Hydra's multi-line composition error as the tool's one line: the key
     (or config group) and its value, and what was expected."""
     values = {_override_key(o): o.partition("=")[2] for o in overrides if "=" in o}
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
         group, _, option = exc.missing_cfg_file.rpartition("/")
-        close = difflib.get_close_matches(option, exc.options, n=1)
+        other = _OTHER_NAMES.get((group, option.lower()))
+        close = [other] if other in exc.options else difflib.get_close_matches(option, exc.options, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         return ConfigError(
             group, option, f"no such {group} config; choices: {', '.join(exc.options)}{hint}", "config group"

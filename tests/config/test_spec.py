@@ -133,6 +133,13 @@ def test_unknown_module_name_is_rejected_listing_the_options() -> None:
         compose(["+module=nope"])
 
 
+@pytest.mark.parametrize(("target", "meant"), [("gpu", "cuda"), ("GPU", "cuda"), ("cdua", "cuda"), ("cpus", "cpu")])
+def test_a_target_by_another_name_or_misspelt_is_told_the_shipped_one(target: str, meant: str) -> None:
+    """`target=gpu` was answered 'did you mean cpu?': nearest by spelling, the opposite of what was meant."""
+    with pytest.raises(ConfigError, match=rf"'target' = '{target}': no such target config; .*did you mean {meant}\?$"):
+        compose(["+module=mlp", f"target={target}"])
+
+
 def test_unknown_key_is_rejected_at_composition() -> None:
     with pytest.raises(ConfigError, match="'module.inputs.x.colour' = 'red': not a config key; valid keys under"):
         compose(["+module=mlp", "module.inputs.x.colour=red"])
