@@ -3,6 +3,7 @@ and what the module is, for the manifest."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
+from ..config.problems import raise_all
 from ..config.spec import BuildSpec
 from ..config.targets import distribution_of
 from ..errors import ConfigError, InstantiateError, first_lines
@@ -44,6 +46,7 @@ def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
             _check_loading_report(spec, report)
     except InstantiationException as exc:
         cause = exc.__cause__ or exc
+        raise_all(_unknown_arguments(spec, cause))
         raise InstantiateError(
             f"constructing {spec.target} raised {type(cause).__name__}: {first_lines(cause)}"
         ) from exc
@@ -57,6 +60,29 @@ def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     module.eval()
     module.to(device=spec.device, dtype=torch_dtype(spec.dtype))
     return module
+
+
+def _unknown_arguments(spec: BuildSpec, cause: BaseException) -> list[ConfigError]:
+    """`widht: 8` under module.model, for a constructor that takes `width`:
+    each key it does not take, with the closest parameter, where the
+    TypeError names only the first and no key."""
+    if not isinstance(cause, TypeError) or "unexpected keyword argument" not in str(cause):
+        return []
+    try:
+        parameters = inspect.signature(locate_target(spec.target)).parameters
+    except (TypeError, ValueError):  # a builtin that does not say
+        return []
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return []  # it takes any: raised deeper, by something it called
+    takes = [name for name, p in parameters.items() if p.kind is not p.VAR_POSITIONAL]
+    problems = []
+    for key in [k for k in spec.model if not str(k).startswith("_") and k not in parameters]:
+        close = difflib.get_close_matches(str(key), takes, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"it takes {', '.join(takes) or 'none'}"
+        problems.append(
+            ConfigError(f"module.model.{key}", spec.model[key], f"{spec.target} takes no such argument; {hint}")
+        )
+    return problems
 
 
 def _is_from_pretrained(target: str) -> bool:

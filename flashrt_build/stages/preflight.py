@@ -9,6 +9,8 @@ config's own checks (flashrt_build/config/) do; checks of the module itself
 from __future__ import annotations
 
 import difflib
+import pkgutil
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,8 +72,29 @@ def locate_target(target: str, key: str = "module.model._target_") -> Any:
         return _locate(target)
     except Exception as exc:
         cause = exc.__cause__ or exc
-        why = f"{type(cause).__name__}: {first_lines(cause, 1)}"
+        why = _missing_name(target) or f"{type(cause).__name__}: {first_lines(cause, 1)}"
         raise ConfigError(key, target, f"cannot be imported ({why})") from None
+
+
+def _missing_name(target: str) -> str | None:
+    """`mymodels.net.Nett`: the module imported, the name is not in it; say
+    so with its closest name, where Hydra says 'mymodels.net is not a
+    package'. Only modules Hydra's attempt imported are looked in; none is imported here."""
+    parts = target.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        found: Any = sys.modules.get(".".join(parts[:end]))
+        if found is None:
+            continue
+        for at in range(end, len(parts)):
+            if not hasattr(found, parts[at]):
+                where = ".".join(parts[:at])
+                names = [n for n in dir(found) if not n.startswith("_")]
+                names += [m.name for m in pkgutil.iter_modules(getattr(found, "__path__", []))]  # not yet imported
+                close = difflib.get_close_matches(parts[at], names, n=1)
+                return f"{where} has no {parts[at]!r}" + (f"; did you mean {where}.{close[0]}?" if close else "")
+            found = getattr(found, parts[at])
+        return None
+    return None
 
 
 def real_name(obj: Any) -> str | None:

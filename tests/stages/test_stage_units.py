@@ -189,6 +189,38 @@ def test_unimportable_target_is_a_config_error() -> None:
         preflight(spec_of("+module=mlp", "module.model._target_=nope.Missing"))
 
 
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [
+        ("flashrt_build.examples.MPL", "flashrt_build.examples has no 'MPL'; did you mean flashrt_build.examples.MLP?"),
+        ("flashrt_build.exampels.MLP", "flashrt_build has no 'exampels'; did you mean flashrt_build.examples?"),
+    ],
+    ids=["class", "submodule"],
+)
+def test_a_misspelt_target_in_a_module_that_imports_is_told_the_closest_name(target: str, said: str) -> None:
+    """Hydra's answer was 'No module named flashrt_build.examples.MPL; flashrt_build.examples is not a package'."""
+    from flashrt_build.stages.preflight import preflight
+
+    with pytest.raises(ConfigError) as info:
+        preflight(spec_of("+module=mlp", f"module.model._target_={target}"))
+    assert str(info.value) == f"config key 'module.model._target_' = '{target}': cannot be imported ({said})"
+
+
+def test_constructor_arguments_it_does_not_take_are_each_named_with_the_closest() -> None:
+    """`hiden: 3` under module.model was an InstantiateError (exit 1) naming the first TypeError only."""
+    with pytest.raises(ConfigError) as info:
+        instantiate_module(spec_of("+module=mlp", "+module.model.hiden=3", "+module.model.colour=1"))
+    assert [(p.key, p.value, p.expected) for p in info.value.problems] == [
+        ("module.model.hiden", 3, "flashrt_build.examples.MLP takes no such argument; did you mean hidden?"),
+        (
+            "module.model.colour",
+            1,
+            "flashrt_build.examples.MLP takes no such argument; it takes in_features, hidden, out_features",
+        ),
+    ]
+    assert info.value.exit_code == 2
+
+
 def test_checkpoint_formats_read_the_same(tmp_path: Path) -> None:
     state = {"w": torch.arange(6.0).reshape(2, 3)}
     save_file(state, str(tmp_path / "a.safetensors"))
