@@ -17,7 +17,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import ConfigError, first_lines
-from .keys import unknown_key, unknown_keys
+from .keys import below_a_value, unknown_key, unknown_keys
 from .naming import group_overrides, variant_of
 from .paths import check_config_dir
 from .problems import raise_all
@@ -160,6 +160,9 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
     if merging:  # the override's own key: a merge error's full_key may be relative to the node it hit
         full_key = merging.group(1).lstrip("+~")
     if full_key:
+        scalar = below_a_value(str(full_key), values.get(str(full_key), "?"))
+        if scalar is not None:
+            return scalar
         why = first_lines(cause, 1) if cause is not None else text
         return ConfigError(str(full_key), values.get(str(full_key), "?"), f"{why}{in_file}")
     if "An item is already at" in text:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import types
 import typing
 from collections.abc import Mapping
@@ -61,6 +62,30 @@ def unknown_key(path: list[str], key: str, value: Any) -> ConfigError:
         siblings = sorted(typing.get_type_hints(_node_at(path)))
         hint = f"valid keys{' under ' + '.'.join(path) if path else ''}: {', '.join(siblings)}"
     return ConfigError(".".join([*path, *typed]), value, f"not a config key; {hint}")
+
+
+def below_a_value(key: str, value: Any) -> ConfigError | None:
+    """`weights.path=x`: a key below one that holds a single value (a choice,
+    a number, a string) has nowhere to go; say what that value is, where
+    OmegaConf says 'Value {} (dict) is not a valid input for WeightsMode'."""
+    parts = key.split(".")
+    node: Any = BuildConfig
+    for at, part in enumerate(parts[:-1]):
+        node = _unwrap_optional(node)
+        if dataclasses.is_dataclass(node):
+            node = typing.get_type_hints(node).get(part)
+        elif typing.get_origin(node) is dict:
+            node = typing.get_args(node)[1]
+        else:
+            return None
+        held = _unwrap_optional(node)
+        if held is None or held is Any or dataclasses.is_dataclass(held) or typing.get_origin(held) is not None:
+            continue  # keys below it, or free-form: not this mistake
+        parent = ".".join(parts[: at + 1])
+        choices: list[enum.Enum] = list(held) if isinstance(held, enum.EnumMeta) else []
+        what = f"one of {', '.join(str(choice.value) for choice in choices)}" if choices else held.__name__
+        return ConfigError(key, value, f"{parent} holds a value ({what}), not keys: set it with {parent}=...")
+    return None
 
 
 def _closest(path: list[str], typed: list[str]) -> list[str] | None:

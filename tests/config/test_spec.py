@@ -356,6 +356,23 @@ def test_a_dotted_key_through_an_axis_is_told_the_override_that_reaches_it() -> 
         compose(["+module=mlp", "verify.repet=2", "module.inputs.x.dynamic.0.max=8"])
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("weights.path=x", "'weights.path' = 'x': weights holds a value (one of baked, external), not keys: set it "
+         "with weights=..."),
+        ("+verify.atol.rel=1", "'verify.atol.rel' = '1': verify.atol holds a value (float), not keys: set it with "
+         "verify.atol=..."),
+    ],
+    ids=["choice", "number"],
+)  # fmt: skip
+def test_a_key_below_one_that_holds_a_value_says_what_the_value_is(override: str, said: str) -> None:
+    """`weights.path=x` was answered 'Value {} (dict) is not a valid input for <enum 'WeightsMode'>'."""
+    with pytest.raises(ConfigError) as info:
+        compose(["+module=mlp", override])
+    assert str(info.value) == f"config key {said}"
+
+
 def test_the_api_refuses_an_unknown_key_in_a_plain_mapping() -> None:
     with pytest.raises(ConfigError, match=r"'verfy.enabled' = False: not a config key; did you mean verify.enabled\?"):
         as_build_config({"module": {"name": "m"}, "verfy": {"enabled": False}})
