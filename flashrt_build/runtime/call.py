@@ -187,6 +187,14 @@ class DirectCall:
         return pytree.tree_unflatten(outputs, self._out_spec)
 
 
+def _dynamic_hint(name: str, axis: int, widest: int) -> str:
+    """A batch axis, or a sequence of token ids, may well be made dynamic (a
+    channel cannot): the override that builds it so, wide enough for the call."""
+    low = 1 if axis == 0 else 2  # a sequence from 2, as the shipped configs' are
+    dynamic = f"{{{axis}: {{min: {low}, max: {widest}}}}}"
+    return f"; if the model takes other sizes there, build with '++module.inputs.{name}.dynamic={dynamic}'"
+
+
 class InputCheck:
     """Refuses inputs the package was not built for: a compiled package runs a
     wrong shape silently, reading out of bounds. The rules are read from the
@@ -234,12 +242,8 @@ class InputCheck:
                 )
             for axis, size in static:
                 if shape[axis] != size:
-                    # A batch axis, or a sequence of token ids, may well be made dynamic; a channel cannot.
-                    hint = (
-                        f"; if the model takes other sizes there, build with module.inputs.{name}.dynamic.{axis}"
-                        if axis == 0 or not dtype.is_floating_point
-                        else ""
-                    )
+                    floating = dtype.is_floating_point
+                    hint = _dynamic_hint(name, axis, max(size, shape[axis])) if axis == 0 or not floating else ""
                     raise ValueError(
                         f"input '{name}' has size {shape[axis]} on axis {axis}; the package was built for {size} "
                         f"there (a static axis){hint}"

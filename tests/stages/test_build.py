@@ -189,8 +189,13 @@ def test_bert_tiny_matches_eager(bert_build: flashrt_build.BuildResult) -> None:
 def test_loaded_module_refuses_inputs_it_was_not_built_for(gpt2_build: flashrt_build.BuildResult) -> None:
     model = flashrt_build.load(gpt2_build.output_dir)
     batch = r"size 1 on axis 0; the package was built for 2 there \(a static axis\); if the model takes other sizes"
-    with pytest.raises(ValueError, match=batch + r" there, build with module.inputs.input_ids.dynamic.0"):
+    with pytest.raises(
+        ValueError, match=batch + r" there, build with '\+\+module.inputs.input_ids.dynamic=\{0: \{min: 1, max: 2\}\}'$"
+    ) as refused:
         model(input_ids=torch.zeros(1, 8, dtype=torch.int64))
+    override = str(refused.value).rpartition("build with ")[2].strip("'")  # as suggested, it composes:
+    (ids,) = resolve_spec(compose(["+module=gpt2_tiny", override])).inputs
+    assert {axis: (d.min, d.max) for axis, d in ids.dynamic.items()} == {0: (1, 2), 1: (2, 128)}
     with pytest.raises(ValueError, match=r"size 129 on axis 1 \('seq'\); the package accepts 2 to 128"):
         model(input_ids=torch.zeros(2, 129, dtype=torch.int64))
     with pytest.raises(TypeError, match="dtype int32; the package takes int64"):
