@@ -30,7 +30,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     """Parse and check a manifest; a missing, broken, foreign or malformed one is refused."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        raise ArtifactError(f"{path} does not exist: {directory} holds no complete build")
+        raise ArtifactError(
+            f"{path} does not exist: {directory} holds no complete build{_builds_near(Path(directory))}"
+        )
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -40,6 +42,19 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ArtifactError(f"{path} has schema {found!r}, expected {SCHEMA!r}")
     check_manifest(manifest, path)
     return manifest
+
+
+def _builds_near(path: Path) -> str:
+    """What was likely meant: the build a file of it is in (`.../model.pt2`),
+    or the builds one level below (`outputs/mlp` holds `cpu-baked-default`)."""
+    try:
+        if path.is_file() and (path.parent / MANIFEST).is_file():
+            return f"; {path.name} is a file of the build at {path.parent}"
+        below = sorted(d.name for d in path.iterdir() if (d / MANIFEST).is_file()) if path.is_dir() else []
+    except OSError:  # unreadable: nothing to add
+        return ""
+    more = f" and {len(below) - 5} more" if len(below) > 5 else ""
+    return f"; the builds in it: {', '.join(below[:5])}{more}" if below else ""
 
 
 def check_manifest(manifest: Mapping[str, Any], path: Path | str = MANIFEST) -> None:

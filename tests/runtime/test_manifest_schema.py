@@ -95,3 +95,25 @@ def test_the_toolchain_record_is_stated_once() -> None:
     docs = (REPO / "docs" / "building.md").read_text()
     for field, meaning in TOOLCHAIN_FIELDS.items():
         assert f"| `{field}` | {meaning} |" in docs, field
+
+
+def test_a_folder_that_is_no_build_points_at_the_builds_near_it(tmp_path: Path) -> None:
+    """`load('outputs/mlp')` (the module's folder) or `load('.../model.pt2')` said only 'holds no complete build'."""
+    from flashrt_build.errors import ArtifactError
+    from flashrt_build.runtime.manifest import read_manifest
+
+    for variant in ("cpu-external-default", "cpu-baked-default"):
+        (tmp_path / "mlp" / variant).mkdir(parents=True)
+        (tmp_path / "mlp" / variant / "manifest.json").write_text("{}")
+    (tmp_path / "mlp" / "notes").mkdir()
+    build = tmp_path / "mlp" / "cpu-baked-default"
+    (build / "model.pt2").write_bytes(b"")
+    cases = {
+        tmp_path / "mlp": "; the builds in it: cpu-baked-default, cpu-external-default",
+        build / "model.pt2": f"; model.pt2 is a file of the build at {build}",
+        tmp_path: "",  # the builds are two levels down: not searched for
+    }
+    for path, said in cases.items():
+        with pytest.raises(ArtifactError) as info:
+            read_manifest(path)
+        assert str(info.value) == f"{path / 'manifest.json'} does not exist: {path} holds no complete build{said}"
