@@ -72,7 +72,9 @@ def locate_target(target: str, key: str = "module.model._target_") -> Any:
         return _locate(target)
     except Exception as exc:
         cause = exc.__cause__ or exc
-        why = _missing_name(target) or f"{type(cause).__name__}: {first_lines(cause, 1)}"
+        missing = cause.name if isinstance(cause, ModuleNotFoundError) else None
+        own = missing is not None and f"{target}.".startswith(f"{missing}.")  # not a dependency's missing module
+        why = (own and _missing_name(target)) or f"{type(cause).__name__}: {first_lines(cause, 1)}"
         raise ConfigError(key, target, f"cannot be imported ({why})") from None
 
 

@@ -206,6 +206,23 @@ def test_a_misspelt_target_in_a_module_that_imports_is_told_the_closest_name(tar
     assert str(info.value) == f"config key 'module.model._target_' = '{target}': cannot be imported ({said})"
 
 
+def test_a_target_whose_module_lacks_a_dependency_names_the_dependency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The closest-name hint must not hide why a module did not import ('depmods has no net')."""
+    from flashrt_build.stages.preflight import locate_target
+
+    (tmp_path / "depmods").mkdir()
+    (tmp_path / "depmods" / "__init__.py").write_text("")
+    (tmp_path / "depmods" / "net.py").write_text("import not_installed_anywhere\n\nclass Net: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        locate_target("depmods.net.Net")
+    assert str(info.value).endswith(
+        "cannot be imported (ModuleNotFoundError: No module named 'not_installed_anywhere')"
+    )
+
+
 def test_constructor_arguments_it_does_not_take_are_each_named_with_the_closest() -> None:
     """`hiden: 3` under module.model was an InstantiateError (exit 1) naming the first TypeError only."""
     with pytest.raises(ConfigError) as info:
