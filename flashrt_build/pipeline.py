@@ -1,4 +1,4 @@
-"""The pipeline: config -> plan -> preflight -> module -> passes -> quantize -> inputs -> exported
+"""The pipeline: config -> plan -> preflight -> module -> reference -> passes -> quantize -> inputs -> exported
 -> compiled -> package -> verified -> manifest -> published. Each stage is a
 function in its own module returning its value, its manifest sections and
 its log note; this file only strings them together."""
@@ -16,30 +16,33 @@ from omegaconf import DictConfig
 from .artifact import PACKAGE
 from .cache.plan import Plan, make_plan
 from .cache.publish import build_lock, publish, staging_dir
-from .cache.reuse import Reuse, check_up_to_date, decide_for_gpu, keep_built, kept_models
+from .cache.reuse import Reuse, check_up_to_date, decide_for_gpu, fill_from_store, keep_built, kept_models
 from .config.schema import BuildConfig
 from .errors import quiet_known_warnings
 from .runtime.gpu import fp32_precision
 from .runtime.manifest import read_manifest, write_manifest
-from .stages.assemble import assemble_manifest, finish_manifest
+from .stages.assemble import assemble_manifest, finish_manifest, passes_record
 from .stages.compile import compile_stage
 from .stages.domain import inputs_stage
 from .stages.export import export_stage
 from .stages.module import instantiate_stage
 from .stages.package import package_stage
-from .stages.passes import passes_stage
+from .stages.passes import idle_passes, passes_stage
 from .stages.preflight import preflight
 from .stages.progress import StageTimer
 from .stages.quantize import quantize_stage
+from .stages.reference import reference_stage
 from .stages.threads import apply_threads
 from .stages.verify import verify_stage
 
 log = logging.getLogger("flashrt_build")
 
 # The stages a build times, in the order it runs them (the manifest's
-# `timings`, the log's lines); `passes` and `quantize` only when chosen, `verify` unless
-# it is off; a compile of several methods is timed per method ("compile NAME").
-STAGES = ("instantiate", "passes", "quantize", "inputs", "export", "compile", "package", "verify", "manifest")
+# `timings`, the log's lines); `passes` and `quantize` only when chosen, `reference`
+# and `verify` unless verification is off; a compile of several methods is timed per method ("compile NAME").
+STAGES = (
+    "instantiate", "reference", "passes", "quantize", "inputs", "export", "compile", "package", "verify", "manifest"
+)  # fmt: skip
 
 
 @dataclass
@@ -97,11 +100,24 @@ def _run_stages(plan: Plan) -> BuildResult:
     log.info("building %s <%s> for %s/%s, weights %s -> %s", spec.name, spec.target, spec.device, spec.dtype,
              spec.weights.value, spec.output_dir)  # fmt: skip
     module = timer.run("instantiate", instantiate_stage, spec, plan.digests)
+    # what the package must answer: the module as given, before a pass or a recipe rewrites it
+    reference = timer.run("reference", reference_stage, module, spec) if spec.verify else None
     if spec.any_pass:  # before quantizing: fused float weights, quantized as one
         timer.run("passes", passes_stage, module, spec)
     quantized = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
     timer.run("inputs", inputs_stage, module, spec)
+    if reference is not None and reference.failure is not None:  # not a mistake of the inputs' config
+        raise reference.failure
     exported = timer.run("export", export_stage, module, spec, quantized and quantized.methods)
+    if spec.any_pass:  # a pass that rewrote nothing keys as off: this is the build without it
+        plan = plan.with_idle_passes(idle_passes(spec, passes_record(timer.sections)))
+        if plan.idle_passes:
+            timer.sections["passes"]["idle"] = sorted(plan.idle_passes)
+        if plan.idle_passes and not spec.force:
+            filled = fill_from_store(plan, {"passes": passes_record(timer.sections)})
+            if filled is not None:
+                keep_built(plan)
+                return BuildResult(spec.output_dir, filled, "from_store")
     # Builds of one output dir take turns from here to publishing; the stages
     # above run side by side, and a failure there leaves nothing on disk.
     with build_lock(spec.output_dir), staging_dir(spec.output_dir) as staging:
@@ -114,8 +130,8 @@ def _run_stages(plan: Plan) -> BuildResult:
                           plan.toolchain, staging)  # fmt: skip
         sections = {"options": options, "keys": plan.keys, "ingredients": plan.ingredients, "digests": plan.digests}
         draft = assemble_manifest(spec, timer.sections, **sections, timings=dict(timer.timings))
-        if spec.verify:  # the package is loaded against the draft, as users will load it
-            timer.run("verify", verify_stage, spec, module, staging, draft, state, quantized)
+        if reference is not None:  # the package is loaded against the draft, as users will load it
+            timer.run("verify", verify_stage, spec, module, staging, draft, state, reference, quantized)
         else:
             log.warning("verification is off (verify.enabled=false): the package is recorded as unverified")
         record = finish_manifest(draft, timer.sections.get("verification"), timer.timings)

@@ -287,3 +287,42 @@ class CallsCppOp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.flashrt_test_ops.scale(self.fc(x), 3.0)
+
+
+class _OwnForwardLinear(nn.Linear):
+    """A Linear whose forward is its own: a fused matmul would not call it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + 1
+
+
+class HookedProjections(nn.Module):
+    """Two projections of one input (as attention's q and k are), the first
+    one changed by `kind`: a forward hook doubling its output, a pre-hook
+    counting its calls (`q_calls`), a subclass with its own forward, a weight computed by
+    a parametrization, or nothing ("none": fusable as it is)."""
+
+    def __init__(self, kind: str = "forward_hook", width: int = 8) -> None:
+        super().__init__()
+        self.q_proj = _OwnForwardLinear(width, width) if kind == "subclass" else nn.Linear(width, width)
+        self.k_proj = nn.Linear(width, width)
+        if kind == "forward_hook":
+            self.q_proj.register_forward_hook(lambda layer, args, out: out * 2)
+        elif kind == "pre_hook":
+            self.q_calls = 0
+            self.q_proj.register_forward_pre_hook(self._count)
+        elif kind == "parametrized":
+            torch.nn.utils.parametrize.register_parametrization(self.q_proj, "weight", _Doubled())
+        elif kind not in ("none", "subclass"):
+            raise ValueError(f"unknown kind {kind!r}")
+
+    def _count(self, layer: nn.Module, args: tuple) -> None:
+        self.q_calls += 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q_proj(x) * self.k_proj(x)
+
+
+class _Doubled(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * 2

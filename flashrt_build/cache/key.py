@@ -59,6 +59,7 @@ NOT_KEYED = {
     "module.max_prompt": "reaches the graph through `module.methods`",
     "module.batch": "reaches the graph through `module.model` and `module.methods`",
     "target.name": "a label: the device, dtype and TF32 policy it sets are keyed",
+    "passes.name": "a label: the switches it sets are keyed, each as it applied (a pass that rewrote nothing as off)",
     "inductor.name": "a label: the options it sets are keyed",
     "target.march": "reaches the graph as `inductor.options.cpp.march` where it applies (a CPU target)",
     "toolchain.cxx": "reaches the graph as `inductor.options.cpp.cxx`; its version is the `toolchain` ingredient",
@@ -87,13 +88,17 @@ def input_digests(spec: BuildSpec, digests: DigestCache | None = None) -> dict[s
 
 
 def key_ingredients(
-    spec: BuildSpec, source: Mapping[str, Any], toolchain: Mapping[str, Any], digests: Mapping[str, str]
+    spec: BuildSpec,
+    source: Mapping[str, Any],
+    toolchain: Mapping[str, Any],
+    digests: Mapping[str, str],
+    idle_passes: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Everything the artifact's bytes depend on: the config without cosmetic
     keys, the module's code (`source`), every file the build reads (`digests`,
     by label), the toolchain's key fields (of its one description) and this
-    tool's source."""
-    config = keyed_config(spec)
+    tool's source. `idle_passes`: switches on that rewrote nothing, keyed as off."""
+    config = keyed_config(spec, idle_passes)
     own_sha, _ = source_tree_sha256(str(Path(__file__).resolve().parents[1]))  # all of flashrt_build
     kinds = {f.label: f.kind for f in spec.input_files}
     ingredients = {
@@ -122,11 +127,13 @@ def key_ingredients(
     return json.loads(json.dumps(ingredients, default=str))
 
 
-def keyed_config(spec: BuildSpec) -> dict[str, Any]:
+def keyed_config(spec: BuildSpec, idle_passes: frozenset[str] = frozenset()) -> dict[str, Any]:
     """What of the config shapes the artifact, from the spec's typed fields:
     the module's inputs as the package takes them (float inputs in the target
     dtype), Inductor's options as each compile gets them (the profile's, the
-    recipe's and the target's merged), TF32 as the calls run under it."""
+    recipe's and the target's merged), TF32 as the calls run under it, the
+    passes as they applied: one that rewrote nothing (`idle_passes`, known once
+    the build ran it) is the build without it, the same bytes and key."""
     # Any path the build reads is keyed by what it holds, not where it is (a model saved elsewhere).
     read = {str(_at(spec.model, f.key.removeprefix("module.model."))) for f in spec.input_files
             if f.key.startswith("module.model.")}  # fmt: skip
@@ -150,7 +157,7 @@ def keyed_config(spec: BuildSpec) -> dict[str, Any]:
             "methods": {name: dict(options) for name, options in spec.method_inductor_options.items()},
         },
         "quant": None if spec.quant is None else spec.quant.to_json(),  # its name and rules
-        "passes": {"name": spec.passes, **{switch: getattr(spec, switch) for switch in PASS_SWITCHES}},
+        "passes": {switch: getattr(spec, switch) and switch not in idle_passes for switch in PASS_SWITCHES},
         "weights": spec.weights.value,
         # Of the serving keys only the state's mode shapes the graph; the loader's
         # defaults are the build key's alone (toggling them never recompiles).

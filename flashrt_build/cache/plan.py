@@ -6,12 +6,13 @@ the same plan on, so nothing is resolved or hashed twice."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..config.compose import Naming, as_build_config, name_and_place
-from ..config.schema import WeightsMode
+from ..config.schema import PASS_SWITCHES, WeightsMode
 from ..config.spec import BuildSpec, resolve_spec
 from ..config.targets import module_source, use_import_paths
 from ..config.toolchain import describe_toolchain
@@ -33,6 +34,8 @@ class Plan:
     method_keys: dict[str, str] = field(default_factory=dict)
     gpu_keyed: bool = False  # a CUDA target's key names its GPU once the build has asked torch
     source: dict[str, Any] = field(default_factory=dict)  # what the module's code is, as the key hashes it
+    # the passes turned on that rewrote nothing, keyed as off: found by the build (or its manifest)
+    idle_passes: frozenset[str] = frozenset()
 
     @property
     def keyed(self) -> bool:
@@ -44,8 +47,18 @@ class Plan:
         (`runtime.gpu.gpu_of`, known once torch can ask the device)."""
         cxx = self.spec.inductor_options.get("cpp.cxx")
         return self if gpu is None else _keyed(
-            self.spec, self.source, describe_toolchain(cxx, gpu), self.digests, self.remembered, True
+            self.spec, self.source, describe_toolchain(cxx, gpu), self.digests, self.remembered, True,
+            self.idle_passes,
         )  # fmt: skip
+
+    def with_idle_passes(self, idle: Iterable[str]) -> Plan:
+        """The plan keyed with these passes as off: each one on that rewrote
+        nothing (the build found it, or the manifest of the build in place
+        says so), so the key is that of the same build without it."""
+        idle = frozenset(idle) & {switch for switch in PASS_SWITCHES if getattr(self.spec, switch)}
+        if idle == self.idle_passes:
+            return self
+        return _keyed(self.spec, self.source, self.toolchain, self.digests, self.remembered, self.gpu_keyed, idle)
 
     def kept_model_keys(self) -> dict[str, tuple[str, str]]:
         """Per method, (key, store kind) its compiled model is kept by: each of
@@ -83,12 +96,12 @@ def make_plan(cfg: Any, cwd: Path | None = None, naming: Naming | None = None) -
 
 def _keyed(
     spec: BuildSpec, source: dict[str, Any], toolchain: dict[str, Any], digests: dict[str, str],
-    remembered: DigestCache, gpu_keyed: bool,
+    remembered: DigestCache, gpu_keyed: bool, idle_passes: frozenset[str] = frozenset(),
 ) -> Plan:  # fmt: skip
-    ingredients = key_ingredients(spec, source, toolchain, digests)
+    ingredients = key_ingredients(spec, source, toolchain, digests, idle_passes)
     methods = method_keys(ingredients) if spec.multi_method else {}
     return Plan(spec, digests, toolchain, ingredients, build_keys(ingredients), remembered, methods, gpu_keyed,
-                source)  # fmt: skip
+                source, idle_passes)  # fmt: skip
 
 
 __all__ = ["Plan", "make_plan"]

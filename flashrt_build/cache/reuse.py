@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import MANIFEST, PACKAGE, written_files
+from ..config.paths import refuse_foreign
 from ..config.schema import WeightsMode
 from ..errors import ArtifactError
 from ..runtime.hashing import altered_digest, config_sha256
@@ -31,6 +32,11 @@ def check_up_to_date(plan: Plan) -> tuple[bool, str]:
         manifest = read_manifest(spec.output_dir)
     except ArtifactError:
         return False, "no complete build at the output directory"
+    idle = (manifest.get("passes") or {}).get("idle")
+    if manifest.get("build_key") != keys["build_key"] and isinstance(idle, list):
+        # the passes it found nothing for find nothing again: everything they read is in the key
+        plan = plan.with_idle_passes(map(str, idle))
+        keys = plan.keys
     if manifest.get("build_key") != keys["build_key"]:
         changed = changed_ingredients(manifest.get("key_ingredients"), plan.ingredients)
         return False, f"changed: {', '.join(changed)}"
@@ -52,10 +58,22 @@ def check_up_to_date(plan: Plan) -> tuple[bool, str]:
     return True, f"up to date (build key {keys['build_key'][:12]})"
 
 
-def fill_from_store(plan: Plan) -> dict[str, Any] | None:
+def refuse_altered(plan: Plan) -> None:
+    """The output directory's files by digest (remembered by stat, so an
+    unchanged one is not read): a file of its build's name and size but other
+    bytes is not the build's to replace. The swap checks the same before it
+    deletes anything (publish.py); here it is said before any work."""
+    digests = plan.remembered
+    refuse_foreign(
+        plan.spec.output_dir, str(plan.spec.output_dir), lambda path, record: digests.sha256(path) != record["sha256"]
+    )
+
+
+def fill_from_store(plan: Plan, sections: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """When an identical build is in the store, link its files into the output
     directory instead of building; returns the manifest, or None. The manifest
-    is the stored one with this build's (cosmetic) config."""
+    is the stored one with this build's (cosmetic) config, and `sections` of
+    this build's own (what its passes found to do: nothing)."""
     spec, keys = plan.spec, plan.keys
     entry = Store(spec.output_root).get("artifacts", keys["build_key"])
     if entry is None:
@@ -69,6 +87,7 @@ def fill_from_store(plan: Plan) -> dict[str, Any] | None:
                 link_or_copy(path, staging / path.name)
         config = dict(spec.config)
         manifest.update(config=config, config_sha256=config_sha256(config), from_store=keys["build_key"])
+        manifest.update(sections or {})
         write_manifest(staging, manifest)
         publish(staging, spec.output_dir)
     log.info("%s: identical to a stored build (build key %s), linked: %s", spec.name, keys["build_key"][:12],
@@ -103,6 +122,8 @@ def decide(plan: Plan, say_why: bool = True) -> Reuse:
             log.info("%s: forced rebuild (force=true)", spec.name)
         return Reuse("build")
     fresh, why = check_up_to_date(plan)
+    if not fresh:  # said now, not by the swap after the compile
+        refuse_altered(plan)
     if fresh:
         with build_lock(spec.output_dir):  # also clears what an interrupted build left
             log.info("%s: %s, nothing to do: %s", spec.name, why, spec.output_dir)

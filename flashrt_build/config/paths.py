@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,16 @@ def check_output_dir(output_dir: Path, output_root: Path, cwd: Path, given: str 
                 f"{relation} {what} ({place}); a build replaces its output directory whole, "
                 "so give it a directory of its own",
             )
-    in_the_way = foreign_entries(output_dir)
+    refuse_foreign(output_dir, shown)
+
+
+def refuse_foreign(
+    output_dir: Path, shown: str, altered: Callable[[Path, Mapping[str, Any]], bool] | None = None
+) -> None:
+    """A ConfigError when `output_dir` holds anything but an earlier build
+    (`artifact.foreign_entries`; given `altered`, a file of the size its
+    build wrote but other bytes is in the way too)."""
+    in_the_way = foreign_entries(output_dir, altered)
     if in_the_way:
         listed = ", ".join(in_the_way[:5]) + (f" and {len(in_the_way) - 5} more" if len(in_the_way) > 5 else "")
         raise ConfigError(
@@ -76,14 +85,24 @@ def check_output_dir(output_dir: Path, output_root: Path, cwd: Path, given: str 
         )
 
 
-def check_config_dir(key: str, path: str | Path) -> None:
+def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> None:
     """A directory of the user's configs must be one (Hydra would say only
     that it was "not found"), and each of its YAML files must parse (Hydra
-    would print a traceback from deep inside its loader)."""
+    would print a traceback from deep inside its loader). Its files win over
+    the shipped ones of the same name, so a `config.yaml` at its top would
+    replace the tool's own config: refused, unless `own_primary` (the command
+    line names a primary config of its own, `--config-name`)."""
     if not Path(path).exists():
         raise ConfigError(key, str(path), "no such directory")
     if not Path(path).is_dir():
         raise ConfigError(key, str(path), "is a file, not a directory of configs")
+    if (Path(path) / "config.yaml").is_file() and not own_primary:
+        raise ConfigError(
+            key,
+            str(path),
+            "holds config.yaml, which would replace the tool's own config (a config dir's files win over the "
+            "shipped ones of the same name): rename it; a module goes in module/NAME.yaml",
+        )
     from omegaconf import OmegaConf
 
     for file in sorted(Path(path).rglob("*.yaml")):

@@ -61,7 +61,7 @@ def assemble_manifest(
         "toolchain": sections["toolchain"],
         "inductor": {"options": _jsonable(options)},
         **({"quant": sections["quant"]} if "quant" in sections else {}),
-        **({"passes": _passes(sections)} if "passes" in sections else {}),
+        **({"passes": passes_record(sections)} if "passes" in sections else {}),
         "release": spec.release,
         "config": dict(spec.config),
         "config_sha256": config_sha256(spec.config),
@@ -83,7 +83,7 @@ def finish_manifest(draft: Manifest, verification: Mapping[str, Any] | None, tim
     return record
 
 
-def _passes(sections: Mapping[str, Any]) -> dict[str, Any]:
+def passes_record(sections: Mapping[str, Any]) -> dict[str, Any]:
     """The passes stage's record, with what the export stage's rewrites (gemv_fusion, rotary_fusion,
     decode_attention's shared masks) did: their one record, a pass's two parts in one."""
     passes, rewrites = sections["passes"], sections.get("rewrites", {})

@@ -246,11 +246,12 @@ def _suspects(spec: BuildSpec, method: MethodSpec, found: EagerFailure) -> str:
 
 
 @contextlib.contextmanager
-def preserved_buffers(module: torch.nn.Module) -> Iterator[None]:
-    """Buffers (a step counter, a KV cache) as they were before the calls inside."""
+def preserved_buffers(module: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """Buffers (a step counter, a KV cache) as they were before the calls
+    inside; yields those values, by name."""
     saved = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
     try:
-        yield
+        yield saved
     finally:
         with torch.no_grad():
             for name, buffer in module.named_buffers():

@@ -43,12 +43,14 @@ launcher at the compile.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..config.schema import PASS_SWITCHES
 from ..config.spec import BuildSpec
 from . import pdl
 from .attention import group_attention
@@ -60,6 +62,30 @@ from .gemv import use_gemv
 from .inputs import make_inputs
 from .progress import Stage
 from .quantize import rows_kept_apart, torchao_configs
+
+# Whether a pass rewrote anything, read from its manifest record (`passes.<switch>`,
+# the export stage's rewrites merged in): one on that rewrote nothing is keyed
+# as off, so its build is the build without it (cache/key.py).
+REWROTE: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "fuse_projections": lambda record: bool(record["fused"]),
+    "grouped_attention": lambda record: record["models"] > 0,
+    "gemv": lambda record: record["layers"] > 0,
+    "gemv_fusion": lambda record: bool(record["methods"]),
+    "decode_attention": lambda record: record["models"] > 0,
+    "rotary_fusion": lambda record: bool(record["methods"]),
+    "one_kernel_attention": lambda record: record["layers"] > 0,
+    "combo_kernels": lambda record: bool(record["methods"]),
+    "pdl": lambda record: bool(record["launched"]),
+}
+
+
+def idle_passes(spec: BuildSpec, record: Mapping[str, Any]) -> frozenset[str]:
+    """The switches `spec` turns on whose pass rewrote nothing, by the
+    passes' record; a pass without a record is taken to have rewritten."""
+    return frozenset(
+        switch for switch in PASS_SWITCHES
+        if getattr(spec, switch) and switch in record and not REWROTE[switch](record[switch])
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,16 +108,9 @@ class Group:
 def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
     """Apply the config's passes to `module` in place; the manifest's `passes`."""
     section: dict[str, Any] = {"name": spec.passes}
-    notes = []
+    notes: list[str] = []
     if spec.fuse_projections:
-        groups, left = quantized_alike(module, projection_groups(module, spec), spec)
-        fused = [fuse(module, group) for group in groups]
-        calls = sum(len(g.members) for g in groups)
-        notes.append(f"fuse_projections: {calls} linear layers into {len(groups)} matmuls" if groups else
-                     "nothing to fuse")  # fmt: skip
-        if left:
-            notes.append(f"{len(left)} group(s) left unfused: {left[0]['why']}")
-        section["fuse_projections"] = {"linear_calls_cut": calls - len(groups), "fused": fused, "left": left}
+        section["fuse_projections"] = fuse_projections(module, spec, notes)
     if spec.grouped_attention:
         switched = group_attention(module)
         notes.append(f"grouped_attention: {switched} model(s)" if switched else "grouped_attention: no grouped heads")
@@ -140,14 +159,29 @@ def passes_stage(module: nn.Module, spec: BuildSpec) -> Stage[None]:
     return Stage(None, "; ".join(notes) or "none", {"passes": section} if spec.any_pass else {})
 
 
-def projection_groups(module: nn.Module, spec: BuildSpec) -> list[Group]:
-    """The groups of plain `nn.Linear` layers (two or more, one parent, the
-    same input size, dtype and bias, decided by one `quant` rule) that each
-    method's example call feeds the very same input tensor, each layer called once."""
+def fuse_projections(module: nn.Module, spec: BuildSpec, notes: list[str]) -> dict[str, Any]:
+    """The fuse_projections pass on `module`, its log notes added to `notes`; its record."""
+    groups, kept_apart = projection_groups(module, spec)
+    groups, left = quantized_alike(module, groups, spec)
+    left = kept_apart + left
+    fused = [fuse(module, group) for group in groups]
+    calls = sum(len(g.members) for g in groups)
+    notes.append(f"fuse_projections: {calls} linear layers into {len(groups)} matmuls" if groups else
+                 "nothing to fuse")  # fmt: skip
+    if left:
+        notes.append(f"{len(left)} group(s) left unfused: {left[0]['why']}")
+    return {"linear_calls_cut": calls - len(groups), "fused": fused, "left": left}
+
+
+def projection_groups(module: nn.Module, spec: BuildSpec) -> tuple[list[Group], list[dict[str, Any]]]:
+    """The groups of `nn.Linear` layers (two or more, one parent, the same
+    input size, dtype and bias, decided by one `quant` rule) that each
+    method's example call feeds the very same input tensor, each layer called
+    once; and the layers that read such an input but are left as they are,
+    each with why: a layer a fused matmul would not reproduce (`unfaithful`)."""
     calls: list[tuple[torch.Tensor, str]] = []  # (input, layer), the inputs kept alive: ids stay unique
-    names: dict[nn.Module, str] = {
-        m: n for n, m in module.named_modules() if type(m) is nn.Linear and type(m.weight) is nn.Parameter
-    }
+    names: dict[nn.Module, str] = {m: n for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    why_not = {name: why for m, name in names.items() if (why := unfaithful(m)) is not None}
 
     def record(layer: nn.Module, args: tuple[Any, ...]) -> None:
         if args and isinstance(args[0], torch.Tensor):
@@ -169,12 +203,36 @@ def projection_groups(module: nn.Module, spec: BuildSpec) -> list[Group]:
         times[name] = times.get(name, 0) + 1
         by_input.setdefault(id(tensor), []).append(name)
     layers = dict(module.named_modules())
-    groups = []
+    groups, left = [], []
     for members in by_input.values():
         once = [m for m in dict.fromkeys(members) if times[m] == len(spec.methods)]
-        for kept in _compatible(once, layers, spec):
+        if len(once) > 1:  # a group but for these: said, not fused
+            left += [{"layers": [m], "why": f"{m} {why_not[m]}"} for m in once if m in why_not]
+        for kept in _compatible([m for m in once if m not in why_not], layers, spec):
             groups.append(Group(tuple(kept)))
-    return [g for g in dict.fromkeys(groups) if len(g.members) > 1]
+    return [g for g in dict.fromkeys(groups) if len(g.members) > 1], left
+
+
+def unfaithful(layer: nn.Module) -> str | None:
+    """Why one matmul over the group's weights would not give what `layer`'s
+    own call gives (its hooks would not run; its forward is its own; its
+    weight is computed), or None when it would."""
+    if layer._forward_hooks or layer._forward_pre_hooks:
+        return "has a forward hook or pre-hook, which a fused layer would not call"
+    if type(layer).forward is not nn.Linear.forward or type(layer).__call__ is not nn.Module.__call__:
+        return f"is a {type(layer).__qualname__}, which overrides nn.Linear's forward"
+    if type(layer.weight) is not nn.Parameter:
+        return f"has a weight of {type(layer.weight).__name__} (a parametrization, a tensor subclass), not a Parameter"
+    if global_forward_hooks():
+        return "runs under a global forward hook (register_module_forward_hook), which a fused layer would call apart"
+    return None
+
+
+def global_forward_hooks() -> bool:
+    """Whether hooks on every module's forward are registered in this process."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
 def _compatible(members: list[str], layers: dict[str, nn.Module], spec: BuildSpec) -> list[list[str]]:

@@ -6,13 +6,18 @@ killing it. It runs a sequence of calls, the same sequence the eager module
 runs in the build process: the example shape, each dynamic dim at its min, an
 odd size between and its max, then a repeat chain on the example shape, so a
 module that updates its own state is compared at every step.
+
+What it is compared with is the module as the user gave it, run before any
+pass or recipe rewrote it (reference.py). A quantized package is compared
+with the module its recipe made, within the tolerances (a check of the
+compile), and with the module as given within the recipe's own bound
+(`quant.max_rel_error`).
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,76 +25,16 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..config.spec import BuildSpec
-from ..errors import VerifyError, first_lines
+from ..errors import VerifyError
 from ..runtime.gpu import gpu_of
 from ..runtime.manifest import method_bindings, state_mode
 from .compare import LeafResult, check_replayed, compare_leaves, quantization_error, raise_on_mismatch
-from .inputs import make_inputs
 from .progress import Stage
-from .quantize import Quantized, swapped_weights
-from .verify_process import Call, run_package
+from .quantize import Quantized
+from .reference import Reference, run_eager
+from .verify_process import run_package
 
 log = logging.getLogger(__name__)
-
-
-def plan_calls(spec: BuildSpec, repeat: int) -> list[Call]:
-    """For each method: the example, each dim at min / an odd size between /
-    max. Then a chain: a lone forward `repeat` more times; several methods
-    each once in the order listed, then the last one `repeat` more times, the
-    way a user calls them (prefill, then decode steps)."""
-    calls = []
-    for method in spec.methods:
-        probes: list[dict[str, int]] = [{}]
-        dims = {d.name: d for inp in method.inputs for d in inp.dynamic.values()}
-        for dim in dims.values():
-            for size in (dim.min, _odd_between(dim.min, dim.max), dim.max):
-                if size is not None and {dim.name: size} not in probes:
-                    probes.append({dim.name: size})
-        prefix = f"{method.name}: " if method.label else ""
-        calls += [Call(prefix + _label(sizes), sizes, {}, method) for sizes in probes]
-    if spec.multi_method:
-        chain = [*spec.methods, *[spec.methods[-1]] * repeat]
-        calls += [Call(f"chain {i + 1}: {m.name}", {}, {}, m) for i, m in enumerate(chain)]
-    else:
-        calls += [Call(f"repeat {i + 1}", {}, {}, spec.default_method) for i in range(repeat)]
-    for i, call in enumerate(calls):
-        example = make_inputs(spec, seed=spec.seed + 1 + i, sizes=call.sizes, method=call.method)
-        call.inputs = example.named(call.method)
-    return calls
-
-
-def _odd_between(lo: int, hi: int) -> int | None:
-    mid = (lo + hi) // 2
-    mid = mid if mid % 2 else mid + 1
-    return mid if lo < mid < hi else None
-
-
-def _label(sizes: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sizes.items()) or "example"
-
-
-def run_eager(
-    module: torch.nn.Module, spec: BuildSpec, calls: list[Call], state: list[str], quantized: Quantized | None = None
-) -> tuple[list[Any], dict]:
-    """The reference outputs of the sequence, and the module's state after it;
-    each call with its method's own weights where a recipe gives it some."""
-    outputs = []
-    with torch.no_grad():
-        for call in calls:
-            method = call.method
-            args, kwargs = method.call_args(call.inputs)
-            try:
-                with swapped_weights(module, quantized.methods.get(method.name, {}) if quantized else {}):
-                    out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)
-            except Exception as exc:
-                raise VerifyError(
-                    f"the eager {method.attr} of {spec.target} raised {type(exc).__name__} at call '{call.label}', "
-                    f"so there is nothing to compare the package with: {first_lines(exc, 2)}"
-                ) from exc
-            outputs.append(
-                pytree.tree_map(lambda t: t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t, out)
-            )
-    return outputs, {name: module.get_buffer(name).detach().cpu().clone() for name in state}
 
 
 def verify_stage(
@@ -98,13 +43,14 @@ def verify_stage(
     staging: Path,
     draft: dict[str, Any],
     state: list[str],
+    reference: Reference,
     quantized: Quantized | None = None,
 ) -> Stage[dict[str, Any]]:
     """In a fresh process, the package loaded as users load it (digests
-    checked, weights bound), against eager: the manifest's `verification`.
-    A quantized module (`quantized`: the float weights it replaced) is also
-    compared as it was before quantization."""
-    record = verify(spec, module, staging, draft, state, spec.repeat, spec.verify_timeout, quantized)
+    checked, weights bound), against the module as given (`reference`): the
+    manifest's `verification`. A quantized module (`quantized`: the float
+    weights it replaced) is also compared with the module its recipe made."""
+    record = verify(spec, module, staging, draft, state, reference, spec.verify_timeout, quantized)
     record["gpu"] = gpu_of(spec.device)  # the worker runs on the build's device
     note = f"{len(record['probes'])} calls in a fresh process passed"
     if "quantization" in record:
@@ -122,13 +68,14 @@ def verify(
     staging: Path,
     manifest: dict[str, Any],
     state: list[str],
-    repeat: int,
+    reference: Reference,
     timeout: float,
     quantized: Quantized | None = None,
 ) -> dict[str, Any]:
     """Compare package and eager over the whole sequence; raise on the first
-    mismatch, naming the output leaf, the call, the error and the tolerance."""
-    calls = plan_calls(spec, repeat)
+    mismatch, naming the output leaf, the call, the error and the tolerance.
+    `module`: as the passes and the recipe left it, holding its initial state."""
+    calls = reference.calls
     with tempfile.TemporaryDirectory(prefix="flashrt-verify-") as work:  # never inside the artifact
         result = run_package(staging, manifest, calls, timeout, Path(work))
     in_place = {t["fqn"] for t in manifest["state"]["tensors"]} if state_mode(manifest) == "in_place" else set()
@@ -136,14 +83,11 @@ def verify(
         expected = sorted(method_bindings(manifest["weights"]["tensors"], method))
         if sorted(set(fqns) - in_place) != expected:  # the state it writes in place is bound apart
             raise VerifyError(f"the package's {method} binds {sorted(fqns)}, the manifest lists {expected}")
-    float_references = None
-    if quantized and quantized.originals:  # first, from the state the package started with
-        initial = {name: module.get_buffer(name).detach().clone() for name in state}
-        with swapped_weights(module, quantized.originals):
-            float_references, _ = run_eager(module, spec, calls, state)
-        for name, value in initial.items():
-            module.get_buffer(name).copy_(value)
-    references, ref_state = run_eager(module, spec, calls, state, quantized)
+    recipe_made = quantized is not None and bool(quantized.originals)
+    if recipe_made:  # the module the recipe made, within the tolerances; the module as given is below
+        references, ref_state = run_eager(module, spec, calls, state, quantized)
+    else:
+        references, ref_state = reference.outputs, reference.state(state, module)
     probes = []
     for call, ref, out in zip(calls, references, result["outputs"], strict=True):
         if out["spec"] != str(pytree.tree_flatten(ref)[1]):
@@ -158,10 +102,11 @@ def verify(
         leaf.path = f"state.{name}"
     raise_on_mismatch(state_leaves, f"the end of the sequence ({len(calls)} calls)")
     record = _verification_record(probes, state_leaves, spec)
-    if float_references is not None:
+    record["against"] = "the quantized module" if recipe_made else "the module as given"
+    if recipe_made:
         assert spec.quant is not None
         labels, leaves = [c.label for c in calls], [out["leaves"] for out in result["outputs"]]
-        record["quantization"] = quantization_error(labels, leaves, float_references, spec.quant.max_rel_error)
+        record["quantization"] = quantization_error(labels, leaves, reference.outputs, spec.quant.max_rel_error)
     if "replayed" in result:
         record["graphs"] = check_replayed(spec, [c.label for c in calls], references, result)
     if "bench" in result:

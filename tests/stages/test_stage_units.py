@@ -25,7 +25,7 @@ from flashrt_build.stages.export import export_module
 from flashrt_build.stages.inputs import ExampleInputs, dynamic_shapes, make_inputs
 from flashrt_build.stages.module import instantiate_module
 from flashrt_build.stages.preflight import validate_inductor_options
-from flashrt_build.stages.verify import plan_calls, run_eager
+from flashrt_build.stages.reference import plan_calls, run_eager
 from flashrt_build.stages.verify_process import _package_said, _what, _where
 from flashrt_build.stages.weights import tensor_sha256
 
