@@ -32,23 +32,25 @@ COUNT = "cumulative_length"  # a cache layer's count of cached tokens
 class CausalLM(nn.Module):
     """A transformers causal LM loaded from `pretrained` (a save_pretrained
     directory), with a static KV cache of `max_cache_len` positions for
-    `batch` sequences."""
+    `batch` sequences; the directory's own code (`auto_map`) runs only if
+    `trust_remote_code`."""
 
     # Held outside the module tree (object.__setattr__): transformers objects.
     _model: Any
     _cache: Any
 
-    def __init__(self, pretrained: str, max_cache_len: int, batch: int = 1) -> None:
+    def __init__(self, pretrained: str, max_cache_len: int, batch: int = 1, trust_remote_code: bool = False) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
 
-        from .runtime.checkpoint import check_loading_report
+        from .runtime.checkpoint import FROM_PRETRAINED, check_loading_report, loading_pretrained
 
         # transformers' own loading: shards or .bin, tied weights, the per-expert
         # layout a mixture-of-experts checkpoint keeps; what it could not load fails
-        model, report = AutoModelForCausalLM.from_pretrained(
-            Path(pretrained), local_files_only=True, output_loading_info=True
-        )
+        with loading_pretrained("module.pretrained", pretrained):
+            model, report = AutoModelForCausalLM.from_pretrained(
+                Path(pretrained), local_files_only=True, **{**FROM_PRETRAINED, "trust_remote_code": trust_remote_code}
+            )
         check_loading_report(report, "module.pretrained", pretrained)
         if getattr(model, "_can_set_experts_implementation", lambda: False)():
             # The default experts path traces into transformers::grouped_mm_fallback, a

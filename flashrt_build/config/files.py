@@ -7,6 +7,7 @@ date" after one of them changed on disk."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..runtime.formats import Checkpoint
+from ..runtime.formats import Checkpoint, holds_checkpoint, resolve_checkpoint
 
 # Files that hold weight values: they key the weights, not the compiled graph,
 # so a new checkpoint of the same model reuses its compiled package.
@@ -43,12 +44,17 @@ def checkpoint_files(checkpoint: Checkpoint) -> list[InputFile]:
     return [InputFile("module.checkpoint", checkpoint.name(f), f, "weights") for f in checkpoint.files]
 
 
-def model_files(model: Any, cwd: Path, skip: Path | None = None) -> list[InputFile]:
+def model_files(
+    model: Any, cwd: Path, skip: Path | None = None, named: Mapping[str, str] | None = None
+) -> list[InputFile]:
     """Files that strings under `module.model` name (`_target_`s aside),
     relative to `cwd`; a directory contributes every file in it, except under
-    `skip` (the output root)."""
+    `skip` (the output root), and a checkpoint in it (an index and its shards)
+    is checked as `module.checkpoint` is. `named`: the key a user set for a
+    value interpolated into `module.model` (`module.pretrained`), which
+    problems name."""
     found: list[InputFile] = []
-    for key, value in _strings(model, "module.model"):
+    for key, value in config_strings(model, "module.model"):
         path = cwd / value
         try:
             exists = path.exists()
@@ -59,22 +65,46 @@ def model_files(model: Any, cwd: Path, skip: Path | None = None) -> list[InputFi
         if path.is_file():
             found.append(InputFile(key, path.name, path, _kind(path.name)))
             continue
-        files = []
-        for folder, dirs, names in os.walk(path, followlinks=True):
-            if skip is not None and Path(folder).resolve() == skip:
-                dirs[:] = []
-                continue
-            files += [Path(folder) / n for n in sorted(names)]
-            dirs.sort()
-            if len(files) > MAX_DIR_FILES:
-                raise ConfigError(
-                    key,
-                    value,
-                    f"names a directory of more than {MAX_DIR_FILES} files, each of which would be an input of the "
-                    "build key; name the model's own directory",
-                )
-        found += [InputFile(key, str(f.relative_to(path)), f, _kind(f.name)) for f in files if f.is_file()]
+        said = (named or {}).get(value, key)
+        if holds_checkpoint(path):  # an index naming a shard outside the directory is refused, as for a checkpoint
+            resolve_checkpoint(said, value, path)
+        files = directory_files(said, value, path, skip)
+        found += [InputFile(key, str(f.relative_to(path)), f, _kind(f.name)) for f in files]
     return found
+
+
+def directory_files(key: str, value: str, root: Path, skip: Path | None = None) -> list[Path]:
+    """Every regular file under `root`, in name order, links followed (a hub
+    cache's files are links), except under `skip`; a link back to a directory
+    it is in (a loop) is refused, never walked round."""
+    files: list[Path] = []
+
+    def visit(folder: Path, above: frozenset[Path]) -> None:
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            path = Path(entry.path)
+            if entry.is_dir():  # follows links
+                real = path.resolve()
+                if real in above:
+                    raise ConfigError(
+                        key,
+                        value,
+                        f"holds {path.relative_to(root)}, a link to {real}, a directory it is in: a loop, whose "
+                        "files would be read again at every turn; remove the link",
+                    )
+                if real != skip:
+                    visit(path, above | {real})
+            elif entry.is_file():
+                files.append(path)
+                if len(files) > MAX_DIR_FILES:
+                    raise ConfigError(
+                        key,
+                        value,
+                        f"names a directory of more than {MAX_DIR_FILES} files, each of which would be an input of "
+                        "the build key; name the model's own directory",
+                    )
+
+    visit(root, frozenset({root.resolve()}))
+    return files
 
 
 def served_files(key: str, given: list[str], cwd: Path) -> list[InputFile]:
@@ -90,8 +120,21 @@ def served_files(key: str, given: list[str], cwd: Path) -> list[InputFile]:
             raise ConfigError(f"{key}.{i}", value, f"{why}: a file copied beside the package")
         if path.name in ARTIFACT_FILES or path.name in (f.name for f in found):
             raise ConfigError(f"{key}.{i}", value, f"its name {path.name!r} is taken in the output directory")
+        if path.name in JSON_SERVING_FILES:
+            _check_json(f"{key}.{i}", value, path)
         found.append(InputFile(key, path.name, path, "weights"))
     return found
+
+
+def _check_json(key: str, value: str, path: Path) -> None:
+    """A tokenizer's JSON file or generation_config.json that does not parse
+    is refused at the build, not when a prompt is first served from it."""
+    try:
+        json.loads(path.read_bytes())
+    except ValueError as exc:  # JSONDecodeError, or bytes that are no text
+        raise ConfigError(
+            key, value, f"{path.name} does not parse as JSON ({exc}); serving text from the package reads it as JSON"
+        ) from None
 
 
 # Files a served model reads beside its package: they key the artifact, not the compiled graph.
@@ -101,17 +144,25 @@ SERVING_FILES = frozenset(
 )  # fmt: skip
 
 
+# Those of them a tokenizer or `generate` parses as JSON.
+JSON_SERVING_FILES = frozenset(
+    {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+     "chat_template.json", "generation_config.json"}
+)  # fmt: skip
+
+
 def _kind(name: str) -> str:
     return "weights" if name.endswith(WEIGHT_SUFFIXES) or name in SERVING_FILES else "model"
 
 
-def _strings(node: Any, key: str) -> Iterator[tuple[str, str]]:
+def config_strings(node: Any, key: str) -> Iterator[tuple[str, str]]:
+    """Every non-empty string in a config node (`_target_`s aside), with its full key."""
     if isinstance(node, str) and node:
         yield key, node
     elif isinstance(node, Mapping):
         for k, v in node.items():
             if k != "_target_":
-                yield from _strings(v, f"{key}.{k}")
+                yield from config_strings(v, f"{key}.{k}")
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            yield from _strings(v, f"{key}.{i}")
+            yield from config_strings(v, f"{key}.{i}")

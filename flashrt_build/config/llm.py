@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..runtime.formats import check_pretrained_dir
 from .files import SERVING_FILES
 
 # A cache this long holds a 1B model's keys and values in about 130 MB (bf16);
@@ -22,13 +23,10 @@ MAX_DEFAULT_CACHE = 4096
 def text_config(pretrained: str) -> dict[str, Any]:
     """The decoder's config of a save_pretrained directory (a multimodal
     model's `text_config`)."""
+    check_pretrained_dir("module.pretrained", pretrained, Path(pretrained).expanduser())
     path = Path(pretrained).expanduser() / "config.json"
     try:
         config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            "module.pretrained", pretrained, f"holds no config.json ({path}): not a save_pretrained directory"
-        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError("module.pretrained", pretrained, f"has a config.json that does not parse ({exc})") from None
     if not isinstance(config, dict):
@@ -43,7 +41,13 @@ def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: An
     example's length, within `given`, the longest prompt); `files` (the
     serving files the directory holds)."""
     if what == "max_prompt":
-        return given if given is not None else fallback
+        if given is None:
+            return fallback
+        if not isinstance(given, int) or not 1 <= given <= fallback:
+            raise ConfigError(
+                "module.max_prompt", given, f"expected a prompt length from 1 to module.max_cache_len ({fallback})"
+            )
+        return given
     if what == "example_prompt":
         return max(1, min(8, int(given)))
     if pretrained is None:
@@ -55,10 +59,20 @@ def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: An
     if what == "vocab_size":
         return _positive(config.get("vocab_size"), "vocab_size", pretrained)
     if what == "cache_len":
-        if given is not None:
-            return given
-        positions = config.get("max_position_embeddings") or config.get("n_positions") or MAX_DEFAULT_CACHE
-        return min(_positive(positions, "max_position_embeddings", pretrained), MAX_DEFAULT_CACHE)
+        positions = config.get("max_position_embeddings") or config.get("n_positions")
+        positions = positions and _positive(positions, "max_position_embeddings", pretrained)
+        if given is None:
+            return min(positions or MAX_DEFAULT_CACHE, MAX_DEFAULT_CACHE)
+        if not isinstance(given, int) or given < 1:
+            raise ConfigError("module.max_cache_len", given, "expected the positions the KV cache holds, at least 1")
+        if positions and given > positions:
+            raise ConfigError(
+                "module.max_cache_len",
+                given,
+                f"the model has {positions} positions (its config.json's max_position_embeddings); expected at "
+                "most that",
+            )
+        return given
     raise ValueError(f"flashrt_llm: unknown value {what!r}")
 
 

@@ -16,7 +16,8 @@ from ..runtime.formats import Checkpoint, resolve_checkpoint
 from .files import InputFile, checkpoint_files, served_files
 from .inputs import NAME, MethodSpec, resolve_methods
 from .problems import Problems
-from .targets import allow_list_refusal, allowed_targets, find_targets, remote_code_problems, target_allowed
+from .remote_code import remote_code_problems
+from .targets import allow_list_refusal, allowed_targets, find_targets, target_allowed
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> Mod
         problems.append(ConfigError("module.model._target_", target, "expected a dotted import path"))
     allowed = allowed_targets(config)
     _check_targets(config, model, allowed, problems)
+    if module.get("pretrained") is not None and not (isinstance(module.get("batch"), int) and module["batch"] >= 1):
+        # causal_lm's: said as set, before the inputs' shapes it is interpolated into are
+        raise ConfigError("module.batch", module.get("batch"), "expected the sequences decoded at once, at least 1")
     methods = resolve_methods(module, problems.check)
     given = module.get("checkpoint")
     checkpoint = None

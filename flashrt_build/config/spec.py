@@ -29,6 +29,7 @@ from .module import resolve_module
 from .paths import derive_output_dir, resolve_outputs
 from .problems import Problems, raise_all
 from .quant import QuantRecipe
+from .remote_code import auto_map_problems
 from .schema import PASS_SWITCHES, StateMode, WeightsMode, plain
 
 __all__ = ["TF32_TOLERANCES", "BuildSpec", "derive_output_dir", "flatten_options", "profile_options", "resolve_spec"]
@@ -151,7 +152,9 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     switches: dict[str, Any] = {switch: bool(config["passes"][switch]) for switch in PASS_SWITCHES}
     compiler = resolve_compiler(config, module.methods, problems)
     output_root, output_dir = resolve_outputs(config, cwd, problems)
-    files = module.files + (problems.check(model_files, module.model, cwd, output_root) or [])
+    named = {config["module"]["pretrained"]: "module.pretrained"} if config["module"].get("pretrained") else {}
+    files = module.files + (problems.check(model_files, module.model, cwd, output_root, named) or [])
+    problems += auto_map_problems(module.model, cwd, list(module.allowed_targets), named)  # before any code is read
     problems.raise_all()
     assert output_dir is not None and dtype is not None
     # Float inputs follow the target dtype, so the manifest says what the package takes.

@@ -237,29 +237,3 @@ def _logging_objects(node: Any, key: str) -> Iterator[tuple[str, str]]:
             yield from _logging_objects(v, f"{key}.{i}")
     elif isinstance(node, str) and node.startswith("ext://"):
         yield key, node.removeprefix("ext://")
-
-
-def remote_code_problems(model: Any, patterns: list[str], key: str = "module.model") -> list[ConfigError]:
-    """Under an allow-list, `trust_remote_code: true` at any depth: it runs
-    code from the model's directory (its config.json `auto_map`), which no
-    pattern can judge."""
-    if not patterns:
-        return []
-    found = []
-    if isinstance(model, Mapping):
-        for k, v in model.items():
-            if k == "trust_remote_code" and v:
-                found.append(
-                    ConfigError(
-                        f"{key}.{k}",
-                        v,
-                        "runs code from the model's own directory, which an allow-list cannot judge: a release "
-                        "build (or allowed_targets) refuses it",
-                    )
-                )
-            else:
-                found += remote_code_problems(v, patterns, f"{key}.{k}")
-    elif isinstance(model, list):
-        for i, v in enumerate(model):
-            found += remote_code_problems(v, patterns, f"{key}.{i}")
-    return found

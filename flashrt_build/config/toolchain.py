@@ -67,6 +67,14 @@ def check_compiler(cxx: str | None) -> None:
         what = "no such compiler on PATH" if value else "no C++ compiler: g++ is not on PATH; set toolchain.cxx or CXX"
         raise ConfigError(key, value, what + (how if value else ""), kind)
     failed = compile_rejected(compiler_path(value), None)
+    if failed is not None and "No space left on device" in failed:  # the temp dir's fault, not the compiler's
+        raise ConfigError(
+            "TMPDIR",
+            os.environ.get("TMPDIR") or tempfile.gettempdir(),  # Python falls back from a full one; the compiler not
+            f"has no space left: a one-line file compiled there fails ({failed}); builds compile in the temp dir, "
+            "so free space there or point TMPDIR elsewhere",
+            "environment variable",
+        )
     if failed is not None:
         raise ConfigError(key, value, f"cannot compile C++ (a one-line file fails: {failed}){how}", kind)
 
@@ -82,9 +90,9 @@ def compile_rejected(cxx: str, march: str | None) -> str | None:
     (with `-march=<march>`), else its complaint: a path that names no
     compiler (`/bin/false` fails, `/bin/true` writes nothing)."""
     flags = [f"-march={march}"] if march else []
-    with tempfile.TemporaryDirectory(prefix="flashrt-cxx-") as scratch:
-        made = Path(scratch) / "probe.o"
-        try:
+    try:
+        with tempfile.TemporaryDirectory(prefix="flashrt-cxx-") as scratch:
+            made = Path(scratch) / "probe.o"
             out = subprocess.run(
                 [cxx, *flags, "-x", "c++", "-c", "-", "-o", str(made)],
                 input="int flashrt_probe() { return 0; }\n",
@@ -93,10 +101,10 @@ def compile_rejected(cxx: str, march: str | None) -> str | None:
                 timeout=60,
                 check=False,
             )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return str(exc)
-        if out.returncode == 0 and made.is_file() and made.stat().st_size:
-            return None
+            if out.returncode == 0 and made.is_file() and made.stat().st_size:
+                return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
     lines = [line.strip() for line in out.stderr.splitlines() if "error" in line.lower()]
     fallback = f"exit code {out.returncode}" if out.returncode else "it wrote no object file"
     return (lines or out.stderr.strip().splitlines() or [fallback])[0]

@@ -10,7 +10,9 @@ before binding, because torch accepts a wrong shape silently.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,22 +160,65 @@ def float_view(entries: list[Mapping[str, Any]], quant: Mapping[str, Any] | None
     return view
 
 
+# What a build passes to transformers' `from_pretrained` unless its config sets
+# it: the loading report returned (every wrongly shaped tensor in it, rather
+# than raised after a table printed), and none of the directory's own code run
+# (`auto_map`), never a question asked on the terminal.
+FROM_PRETRAINED = {"output_loading_info": True, "ignore_mismatched_sizes": True, "trust_remote_code": False}
+
+
+@contextlib.contextmanager
+def loading_pretrained(key: str, value: object) -> Iterator[None]:
+    """transformers' `from_pretrained` inside: its loading report's table kept
+    off the terminal (`check_loading_report` says it in one line), and its
+    refusal to run a directory's own code said as the config's."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    except Exception as exc:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc  # as raised, or as Hydra wrapped it
+        if not (isinstance(cause, ValueError) and "trust_remote_code" in str(cause)):
+            raise
+        raise ConfigError(
+            key,
+            value,
+            "holds a model whose config.json maps it to code of its own (auto_map) that transformers does not "
+            "ship; a build runs none of a checkpoint's code unless module.model.trust_remote_code=true (refused "
+            "under release or allowed_targets)",
+        ) from None
+    finally:
+        logger.setLevel(level)
+
+
 def check_loading_report(report: Mapping[str, Any], key: str, value: object) -> None:
     """transformers' `from_pretrained` loads what matches and initialises the
     rest randomly, with a warning; a build must not publish random weights as
     trained ones, so anything missing, unexpected or of another shape in its
     loading report is a ConfigError naming `key`, as a checkpoint that does
     not fit is."""
-    kinds = {"missing": "missing_keys", "unexpected": "unexpected_keys", "wrong shape": "mismatched_keys"}
-    found = {label: sorted(map(str, report.get(name) or ())) for label, name in kinds.items()}
+    found = {
+        "missing": sorted(map(str, report.get("missing_keys") or ())),
+        "unexpected": sorted(map(str, report.get("unexpected_keys") or ())),
+        "wrong shape": sorted(_mismatch(entry) for entry in report.get("mismatched_keys") or ()),
+    }
     problems = [f"{len(names)} {label}: {first_of(names)}" for label, names in found.items() if names]
     if problems:
         raise ConfigError(
             key,
             value,
-            "holds weights that do not fit the model transformers built from it (it would initialise what is "
-            "missing randomly): " + "; ".join(problems),
+            "holds weights that do not fit the model transformers built from it (it would start those from "
+            "random values): " + "; ".join(problems),
         )
+
+
+def _mismatch(entry: Any) -> str:
+    """A wrongly shaped tensor of a loading report, (name, its shape, the model's), as `check` says one."""
+    if isinstance(entry, (tuple, list)) and len(entry) == 3:
+        name, shape, expected = entry
+        return f"{name} {list(shape)} (the model expects {list(expected)})"
+    return str(entry)
 
 
 __all__ = ["WeightsMismatch", "check_checkpoint", "checkpoint_table", "compare", "read_checkpoint", "unfused_view"]

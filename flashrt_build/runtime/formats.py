@@ -163,6 +163,24 @@ def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
     raise ConfigError(key, value, f"is a directory holding no checkpoint: expected one of {expected}")
 
 
+def check_pretrained_dir(key: str, value: str, path: Path) -> None:
+    """A directory as `save_pretrained` writes it, named by `key`: one, holding
+    its config.json (its weights are `resolve_checkpoint`'s to check)."""
+    if not str(value).strip():
+        raise ConfigError(key, value, "a save_pretrained directory is required: give its path")
+    if not path.exists():
+        raise ConfigError(key, value, f"no such directory ({path})")
+    if not path.is_dir():
+        raise ConfigError(key, value, "is a file; give the save_pretrained directory (the folder holding config.json)")
+    if not (path / "config.json").is_file():
+        raise ConfigError(key, value, f"holds no config.json ({path / 'config.json'}): not a save_pretrained directory")
+
+
+def holds_checkpoint(path: Path) -> bool:
+    """Does a directory hold a checkpoint as save_pretrained writes one?"""
+    return path.is_dir() and any((path / name).is_file() for name, _ in HF_LAYOUTS)
+
+
 def _weight_map(key: str, value: str, index: Path) -> dict[str, str]:
     """An index's tensor -> shard map, every shard a file inside the index's directory."""
     try:
@@ -171,10 +189,10 @@ def _weight_map(key: str, value: str, index: Path) -> dict[str, str]:
         raise ConfigError(key, value, f"holds {index.name}, which is not a JSON index ({exc})") from None
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
         raise ConfigError(key, value, f"holds {index.name}, whose weight_map does not map tensor names to shard files")
-    root = index.parent.resolve()
     for shard in dict.fromkeys(weight_map.values()):
-        target = (root / shard).resolve()
-        if target.parent != root or not shard or shard != target.name:
+        # By name: a shard is an entry of the directory (one that is a link, as a
+        # hub cache's are, is read and keyed by what it holds), never a path out of it.
+        if not shard or shard != Path(shard).name or shard in (".", ".."):
             raise ConfigError(
                 key,
                 value,

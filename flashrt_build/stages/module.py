@@ -3,6 +3,7 @@ and what the module is, for the manifest."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import logging
@@ -18,7 +19,7 @@ from ..config.problems import raise_all
 from ..config.spec import BuildSpec
 from ..config.targets import distribution_of
 from ..errors import ConfigError, InstantiateError, first_lines
-from ..runtime.checkpoint import check_loading_report
+from ..runtime.checkpoint import FROM_PRETRAINED, check_loading_report, loading_pretrained
 from ..runtime.hashing import file_sha256
 from .checkpoint import load_checkpoint
 from .inputs import torch_dtype
@@ -39,13 +40,17 @@ def instantiate_module(spec: BuildSpec) -> torch.nn.Module:
     """Build the `nn.Module`, seeded, in eval mode, on the target device and dtype."""
     torch.manual_seed(spec.seed)  # its targets were located and allowed by the preflight
     pretrained = _is_from_pretrained(spec.target)
+    loading = {k: v for k, v in FROM_PRETRAINED.items() if k not in spec.model} if pretrained else {}
     try:
-        module = instantiate(dict(spec.model), _convert_="all", **({"output_loading_info": True} if pretrained else {}))
+        with loading_pretrained(*_pretrained_path(spec.model)) if pretrained else contextlib.nullcontext():
+            module = instantiate(dict(spec.model), _convert_="all", **loading)
         if pretrained:
             module, report = module
             _check_loading_report(spec, report)
     except InstantiationException as exc:
         cause = exc.__cause__ or exc
+        if isinstance(cause, ConfigError):  # the module's own check of its config (causal_lm's weights)
+            raise cause from None
         raise_all(_unknown_arguments(spec, cause))
         raise InstantiateError(
             f"constructing {spec.target} raised {type(cause).__name__}: {first_lines(cause)}"

@@ -87,6 +87,27 @@ def test_config_time_refusals_name_the_key_or_variable(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_full_temp_dir_is_named_not_the_compiler(tmp_path: Path) -> None:
+    """The one-line compile probe failed for want of space: it was reported against toolchain.cxx."""
+    with mounted(tmp_path / "tmp", "size=64k") as full:
+        _fill(full)
+        result = cli("+module=mlp", f"output_root={tmp_path / 'out'}", env={"TMPDIR": str(full)})
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result.stderr)
+    assert f"environment variable 'TMPDIR' = '{full}': has no space left" in line and "toolchain.cxx" not in line
+
+
+def _fill(directory: Path) -> None:
+    """Write into `directory` until its filesystem is full."""
+    try:
+        with open(directory / "fill", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError:  # full
+        pass
+
+
+@pytest.mark.slow
 def test_an_example_input_too_large_to_allocate_fails_naming_it(tmp_path: Path) -> None:
     result = cli("+module=mlp", "module.inputs.x.shape=[4,100000000000]", f"output_root={tmp_path}")
     assert result.returncode == 1
