@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config.command_line import check_command_line
-from .config.compose import CONF_DIR, Naming
+from .config.compose import CONF_DIR, Naming, users_configs_first
 from .config.inputs import NAME
 from .config.naming import group_overrides
 from .config.paths import check_writable
@@ -118,7 +118,8 @@ def main() -> None:
         sys.exit(exc.exit_code)
     stop_on_signals()
     try:
-        _hydra_main()
+        with users_configs_first():
+            _hydra_main()
     except Interrupted as stopped:
         exit_interrupted(stopped, functools.partial(print, file=sys.stderr))
     except SystemExit as exc:

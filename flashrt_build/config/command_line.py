@@ -27,7 +27,7 @@ def check_command_line(argv: Sequence[str]) -> None:
 
     args, _ = get_args_parser().parse_known_args(list(argv))
     if args.config_dir is not None:
-        check_config_dir("--config-dir", args.config_dir)
+        check_config_dir("--config-dir", args.config_dir, own_primary=args.config_name is not None)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.config_name or args.config_path:
         return  # Hydra's own pages, or a primary config of the user's: Hydra's to compose
     overrides = list(args.overrides)

@@ -42,6 +42,30 @@ def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictCo
     return merged
 
 
+# Where a `--config-dir` goes in Hydra's search path: before the shipped
+# configs (Hydra's own place for it is after them), so a user's module/mlp.yaml
+# is the one composed, as the README promises.
+USER_FIRST = "main"
+
+
+@contextlib.contextmanager
+def users_configs_first() -> Iterator[None]:
+    """The command line's `--config-dir` searched before the shipped configs,
+    as `hydra_loader` searches it: Hydra anchors it after them."""
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+
+    prepend = ConfigSearchPathImpl.prepend
+
+    def user_first(self: Any, provider: str, path: str, anchor: Any = None) -> None:
+        prepend(self, provider, path, USER_FIRST if provider == "command-line" else anchor)
+
+    ConfigSearchPathImpl.prepend = user_first  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigSearchPathImpl.prepend = prepend  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def hydra_loader(config_dir: str | Path | None = None) -> Iterator[Any]:
     """Hydra set up as the command line sets it up: the shipped configs, and
@@ -49,13 +73,11 @@ def hydra_loader(config_dir: str | Path | None = None) -> Iterator[Any]:
     config loader. Hydra's global state is as it was afterwards."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
     search = create_config_search_path(str(CONF_DIR))
     if config_dir is not None:
-        anchor = SearchPathQuery(provider="schema")
-        search.prepend(provider="command-line", path=f"file://{Path(config_dir).resolve()}", anchor=anchor)
+        search.prepend(provider="command-line", path=f"file://{Path(config_dir).resolve()}", anchor=USER_FIRST)
     backup = get_gh_backup()
     GlobalHydra.instance().clear()
     try:

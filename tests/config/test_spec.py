@@ -417,6 +417,38 @@ def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> No
         compose(["+module=mlp"], config_dir=tmp_path / "f")
 
 
+def shadowing_conf(conf: Path) -> Path:
+    """A config dir whose files have shipped names: module/mlp.yaml and passes/llm.yaml."""
+    (conf / "module").mkdir(parents=True)
+    (conf / "passes").mkdir()
+    (conf / "module" / "mlp.yaml").write_text(
+        "name: mine\nmodel: {_target_: flashrt_build.examples.MLP, hidden: 7}\ninputs: {x: {shape: [2, 16]}}\n"
+    )
+    (conf / "passes" / "llm.yaml").write_text("name: llm\nfuse_projections: false\n")
+    return conf
+
+
+def test_a_config_dirs_file_of_a_shipped_name_wins(tmp_path: Path) -> None:
+    """As the README says: today the shipped mlp and llm were composed, silently."""
+    conf = shadowing_conf(tmp_path / "conf")
+    cfg = compose(["+module=mlp", "passes=llm"], config_dir=conf)
+    assert cfg.module.name == "mine" and cfg.module.model.hidden == 7
+    assert cfg.passes.fuse_projections is False and cfg.passes.gemv is False
+    assert compose(["+module=mlp"]).module.name == "mlp"  # without it, the shipped one
+
+
+def test_the_command_line_composes_a_config_dirs_file_of_a_shipped_name(tmp_path: Path) -> None:
+    from clitools import cli
+
+    conf = shadowing_conf(tmp_path / "conf")
+    shown = cli("--config-dir", str(conf), "+module=mlp", "passes=llm", "--cfg", "job")
+    assert shown.returncode == 0, shown.stderr
+    assert "name: mine" in shown.stdout and "hidden: 7" in shown.stdout and "fuse_projections: false" in shown.stdout
+    (conf / "config.yaml").write_text("defaults: []\n")
+    refused = cli("--config-dir", str(conf), "+module=mlp", "--cfg", "job")
+    assert refused.returncode == 2 and "holds config.yaml, which would replace the tool's own config" in refused.stderr
+
+
 def test_a_long_variant_is_shortened_keeping_variants_apart() -> None:
     from flashrt_build.config.naming import variant_of
 
