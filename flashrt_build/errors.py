@@ -175,22 +175,23 @@ def exit_interrupted(stopped: Interrupted, report: Callable[[str], object]) -> N
     os._exit(stopped.exit_code)
 
 
-def report_failure(log: logging.Logger, exc: Exception) -> FlashrtError:
-    """A failed build, however it was run (the command line, a sweep's build
-    process): `Interrupted` instead when a signal came first; an exception
-    raised on no purpose made an `UnexpectedError`; logged as one line.
-    Returns the error, whose exit code is the command's."""
+def report_failure(log: logging.Logger, exc: Exception, what: str = "build failed") -> FlashrtError:
+    """A failed build (or another command: `what` heads its traceback),
+    however it was run (the command line, a sweep's build process):
+    `Interrupted` instead when a signal came first; an exception raised on no
+    purpose made an `UnexpectedError`; logged as one line. Returns the error,
+    whose exit code is the command's."""
     interrupted_instead(exc)
     failure = exc if isinstance(exc, FlashrtError) else UnexpectedError(exc)
-    log_failure(log, failure)
+    log_failure(log, failure, what)
     return failure
 
 
-def log_failure(log: logging.Logger, exc: BaseException) -> None:
+def log_failure(log: logging.Logger, exc: BaseException, what: str = "build failed") -> None:
     """A failed build's one line (with its traceback when FLASHRT_TRACEBACK or
     HYDRA_FULL_ERROR is set), however the build was run."""
     if os.environ.get("FLASHRT_TRACEBACK") or os.environ.get("HYDRA_FULL_ERROR"):
-        log.error("build failed", exc_info=exc.__cause__ if isinstance(exc, UnexpectedError) else exc)
+        log.error(what, exc_info=exc.__cause__ if isinstance(exc, UnexpectedError) else exc)
     log.error("%s: %s", type(exc).__name__, exc)
 
 

@@ -81,7 +81,7 @@ def staging_dir(output_dir: Path) -> Iterator[Path]:
 def publish(staging: Path, output_dir: Path) -> None:
     """Put `staging` at `output_dir` in one atomic step: a reader sees the old
     artifact or the new one, never neither and never a mix."""
-    _make_readable(staging)
+    _seal_modes(staging)
     retiring = _staging_prefix(output_dir)  # where the old artifact goes without an atomic swap
     # Digests too, here only: what was checked by name and size before the
     # work may have been replaced since, and this swap is the one that deletes.
@@ -119,12 +119,15 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def _make_readable(directory: Path) -> None:
-    """mkdtemp and some writers create owner-only modes; artifacts get the
-    modes the umask gives ordinary files and directories."""
+def _seal_modes(directory: Path) -> None:
+    """mkdtemp and some writers create owner-only modes; an artifact's
+    directory gets the mode the umask gives ordinary directories (a rebuild
+    replaces it, `store clean` unlinks its store's files), its files the
+    umask's read modes and no write bit: they are hard links into the store
+    (`store.py`), so an edit in place would alter the stored build too."""
     umask = os.umask(0)
     os.umask(umask)
     directory.chmod(0o777 & ~umask)
     for path in directory.iterdir():
         if path.is_file():
-            path.chmod(0o666 & ~umask)
+            path.chmod(0o444 & ~umask)

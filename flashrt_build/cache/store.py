@@ -9,7 +9,9 @@
   output directories (a sweep, a release tree) are built once.
 
 Output directories are filled by hard links (copies across filesystems), never
-by symbolic links, so cleaning the store breaks no artifact.
+by symbolic links, so cleaning the store breaks no artifact. Stored files have
+no write bit (nor, being the same files, the outputs linked to them): an edit
+in place would alter every build that links them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ def link_or_copy(source: Path, dest: Path) -> None:
         os.link(source, dest)
     except OSError:
         shutil.copy2(source, dest)
+
+
+def read_only(path: Path) -> None:
+    """No write bit on a stored file, or on the output files that are its
+    other names: an edit in place would alter every build linked to it.
+    Removing it needs only its directory's write bit (`prune`, a rebuild)."""
+    path.chmod(path.stat().st_mode & ~0o222)
 
 
 class Store:
@@ -65,8 +74,10 @@ class Store:
             lines = []
             for path in files:
                 link_or_copy(path, staging / path.name)
+                read_only(staging / path.name)
                 lines.append(f"{file_sha256(path)}  {path.name}")
             (staging / "sha256").write_text("\n".join(lines) + "\n")
+            read_only(staging / "sha256")
             os.rename(staging, entry)
         except OSError:
             pass  # another build stored it first

@@ -1,31 +1,82 @@
-"""`python -m flashrt_build.generate OUTPUT_DIR --prompt TEXT`: text in, text
-out, from a package of a prefill and a decode method (`causal_lm`'s).
+"""`python -m flashrt_build.generate OUTPUT_DIR --prompt TEXT` generates text
+from a package of a prefill and a decode method (`causal_lm`'s).
 
 The prompt is encoded with the tokenizer the build copied beside the package
 (transformers' `AutoTokenizer` when installed, else the `tokenizers` library
-for a `tokenizer.json`); `--chat` applies its chat template. The continuation
-is printed as it is generated, generation stops at the model's end-of-sequence
-tokens (its generation_config.json), and the prompt's and the decode's speed
-end the output on stderr. `--prompt-ids 1,2,3` serves a package without a
-tokenizer, printing token ids. Exit 0 done; 1 the package or a call failed;
-2 a wrong command line (no tokenizer for --prompt, a prompt too long).
+for a `tokenizer.json`), each of its files checked against the manifest's
+digest first; `--chat` applies its chat template, rendered under bounds
+(chat_template.py). The continuation is printed as it is generated,
+generation stops at the model's end-of-sequence tokens (its
+generation_config.json), and the prompt's and the decode's speed end the
+output on stderr. `--prompt-ids 1,2,3` serves a package without a tokenizer
+(torch and safetensors are all it needs), printing token ids.
+
+Exit codes, as the build command's: 0 done; 1 the package or a call failed
+(a file altered since its build); 2 a wrong command line or input (a flag out
+of range, a prompt the package was not built for, a chat template that raises
+or passes its bounds, a library the request needs that is not installed);
+130 / 143 interrupted by Ctrl-C / SIGTERM; 141 (as a tool killed by SIGPIPE)
+when the reader closed the pipe (`| head`), quietly. Every failure is one
+line on stderr; FLASHRT_TRACEBACK=1 adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import logging
+import math
+import os
+import signal
 import sys
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from ..errors import FlashrtError
+from ..artifact import MANIFEST
+from ..config.files import SERVING_FILES
+from ..errors import (
+    ArtifactError,
+    FlashrtError,
+    Interrupted,
+    exit_interrupted,
+    report_failure,
+    stop_on_signals,
+)
+from ..runtime.hashing import check_served_files
+from ..runtime.manifest import manifest_methods, read_manifest
+from .text import Stream, argument, eos_tokens, print_speed, prompt_ids
+
+PROG = "python -m flashrt_build.generate"
+DESCRIPTION = (
+    "Generate text from a built package of a prefill and a decode method (a causal_lm build), "
+    "its prompt encoded with the tokenizer copied beside the package and its continuation printed as it is generated."
+)
+EPILOG = (
+    "exit codes: 0 done; 1 the package or a call failed; 2 a wrong command line or input; "
+    "130/143 interrupted by Ctrl-C/SIGTERM; 141 the reader closed the pipe"
+)
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
+METHODS = ("prefill", "decode")  # what `generate` calls
+
+log = logging.getLogger("flashrt_build.generate")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m flashrt_build.generate OUTPUT_DIR (--prompt TEXT | --prompt-ids IDS) [options]`."""
-    parser = argparse.ArgumentParser(prog="python -m flashrt_build.generate", description=__doc__.splitlines()[0])
+class UsageError(FlashrtError):
+    """The package or this machine cannot serve what was asked (exit code 2)."""
+
+    exit_code = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its refusals on one line, as every other failure."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("output_dir", type=Path)
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help="the prompt's text (needs the tokenizer the build copied)")
@@ -37,120 +88,142 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling: the same tokens every run")
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to the prompt")
     parser.add_argument("--device", default=None, help="default: the build's target")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flashrt_build.generate OUTPUT_DIR (--prompt TEXT | --prompt-ids IDS) [options]`."""
+    args = _parser().parse_args(argv)
+    _report_to_stderr()
+    stop_on_signals()
+    stream = Stream()
     try:
-        return _generate(args)
-    except (ValueError, TypeError) as exc:  # a prompt the package does not take, a sampling setting
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except FlashrtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        try:
+            return _generate(args, stream)
+        except BrokenPipeError:
+            return _pipe_closed()
+        except Exception as exc:  # raised on purpose or not: one line, the exit code of its kind
+            return report_failure(log, exc, "generate failed").exit_code
+    except Interrupted as stopped:
+        with contextlib.suppress(OSError):  # stdout may be a closed pipe
+            stream.end_line()
+        name = signal.Signals(stopped.signum).name
+        exit_interrupted(stopped, lambda _: print(f"interrupted by {name}: generation stopped", file=sys.stderr))
 
 
-def _generate(args: argparse.Namespace) -> int:
-    import torch
+def _report_to_stderr() -> None:
+    """Failures as one line on stderr (`ConfigError: argument '--top-p' = 2.0: ...`)."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
-    from ..runtime.generate import generate
-    from ..runtime.load import load
 
-    tokenizer = _tokenizer(args.output_dir) if args.prompt is not None else None
-    if args.prompt is not None and tokenizer is None:
-        raise ValueError(f"{args.output_dir} holds no tokenizer (tokenizer.json): give --prompt-ids instead")
-    if args.chat and not hasattr(tokenizer, "apply_chat_template"):
-        raise ValueError("--chat needs a chat template and transformers' tokenizer: pip install transformers")
-    model = load(args.output_dir, device=args.device)
-    if args.prompt_ids is not None:
-        ids = [int(i) for i in args.prompt_ids.split(",") if i.strip()]
-    elif args.chat:
-        assert tokenizer is not None  # --chat needs --prompt, and a tokenizer (checked above)
-        ids = list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_dict=False
-            )
-        )
-    else:
-        ids = _encode(tokenizer, args.prompt)
+def _pipe_closed() -> int:
+    """The reader is gone (`| head -c 5`): stop, and leave nothing for the
+    interpreter's last flush to complain about."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE_CLOSED
+
+
+def _generate(args: argparse.Namespace, stream: Stream) -> int:
+    sampling = _sampling(args)
+    manifest = _manifest(args.output_dir)
+    _check_methods(args.output_dir, manifest)
+    _check_served(args.output_dir, manifest)
+    tokenizer, ids = prompt_ids(args, manifest)
+    torch, load, generate = _runtime()
+    device = _device(args.device, manifest, torch)
+    model = load(args.output_dir, device=device)
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
-    stream = _Stream(tokenizer)
-    result = generate(
-        model,
-        prompt,
-        args.max_new_tokens,
-        eos=_eos(args.output_dir, tokenizer),
-        timed=True,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        on_token=stream,
-    )
+    stream.tokenizer = tokenizer
+    eos = eos_tokens(args.output_dir, tokenizer)
+    result = generate(model, prompt, args.max_new_tokens, eos=eos, timed=True, on_token=stream, **sampling)
     stream.end()
-    new = result.tokens.shape[1]
-    steps = max(new - 1, 1)
-    print(
-        f"prompt: {len(ids)} tokens in {1e3 * result.prefill_s:.1f} ms ({len(ids) / result.prefill_s:.0f} tokens/s); "
-        f"decode: {new} tokens, {1e3 * result.decode_s / steps:.2f} ms/token "
-        f"({steps / result.decode_s if result.decode_s else float('inf'):.0f} tokens/s)",
-        file=sys.stderr,
-    )
+    print_speed(len(ids), result)
     return 0
 
 
-def _tokenizer(output_dir: Path) -> Any:
-    """The tokenizer the build copied: transformers' when installed (chat
-    templates, every tokenizer kind), else a tokenizer.json through the
-    `tokenizers` library; None when there is none."""
-    if not any((output_dir / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        return None
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that choose tokens, each refused naming it when out of range."""
+    if args.max_new_tokens < 1:
+        raise argument("--max-new-tokens", args.max_new_tokens, "expected an integer >= 1")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise argument("--temperature", args.temperature, "expected a finite number >= 0 (0: greedy)")
+    if args.top_k is not None and args.top_k < 1:
+        raise argument("--top-k", args.top_k, "expected an integer >= 1")
+    if args.top_p is not None and not 0 < args.top_p <= 1:  # NaN too
+        raise argument("--top-p", args.top_p, "expected a number in (0, 1]")
+    return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+
+
+def _manifest(output_dir: Path) -> dict[str, Any]:
+    """The build's manifest; a directory that holds no build is the command line's mistake."""
     try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
-    except ImportError:
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(output_dir / "tokenizer.json"))
+        return read_manifest(output_dir)
+    except ArtifactError as exc:
+        if not (output_dir / MANIFEST).exists():
+            raise UsageError(str(exc)) from None
+        raise
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    encoded = tokenizer.encode(text)
-    return list(encoded.ids if hasattr(encoded, "ids") else encoded)
+def _check_methods(output_dir: Path, manifest: dict[str, Any]) -> None:
+    methods = manifest_methods(manifest)
+    for name in METHODS:
+        if name not in methods:
+            raise UsageError(
+                f"{output_dir} has no method '{name}'; its methods: {', '.join(methods)} (generate serves a package "
+                "of a prefill and a decode method, as +module=causal_lm builds)"
+            )
 
 
-def _eos(output_dir: Path, tokenizer: Any) -> set[int] | None:
-    """The model's end-of-sequence tokens: its generation config's, else its tokenizer's."""
-    path = output_dir / "generation_config.json"
-    if path.is_file():
-        found = json.loads(path.read_text()).get("eos_token_id")
-        if found is not None:
-            return set(found) if isinstance(found, list) else {int(found)}
-    found = getattr(tokenizer, "eos_token_id", None)
-    return {int(found)} if found is not None else None
+def _check_served(output_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every file a tokenizer reads is one the build wrote, as it wrote it:
+    listed in the manifest, its digest matching (an edited or added
+    tokenizer file changes the prompt's ids and the text)."""
+    check_served_files(output_dir, manifest)
+    listed = {record["file"] for record in manifest.get("files") or []}
+    unlisted = sorted(name for name in SERVING_FILES if name not in listed and (output_dir / name).exists())
+    if unlisted:
+        raise ArtifactError(
+            f"{output_dir / unlisted[0]} is not a file its build wrote (the manifest's files do not list it) and "
+            "a tokenizer would read it; refusing to serve from it"
+        )
 
 
-class _Stream:
-    """Prints the continuation as tokens arrive: text decoded from all tokens
-    so far, minus what was printed (a token may complete a character), or the
-    ids themselves without a tokenizer."""
+def _runtime() -> tuple[Any, Any, Any]:
+    """torch, `load` and `generate`: what a serving host installs (torch and safetensors)."""
+    try:
+        import torch
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.printed = tokenizer, ""
-        self.ids: list[int] = []
-        self.started = time.perf_counter()
+        from ..runtime.generate import generate
+        from ..runtime.load import load
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in ("torch", "safetensors"):
+            raise
+        raise UsageError(f"{PROG} needs {missing} to run the package: pip install {missing}") from None
+    return torch, load, generate
 
-    def __call__(self, token: Any) -> None:
-        self.ids.append(int(token[0, 0]))
-        if self.tokenizer is None:
-            print(("," if len(self.ids) > 1 else "") + str(self.ids[-1]), end="", flush=True)
-            return
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.startswith(self.printed) and not text.endswith("\ufffd"):  # not half a character
-            print(text[len(self.printed) :], end="", flush=True)
-            self.printed = text
 
-    def end(self) -> None:
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            print(text[len(self.printed) :] if text.startswith(self.printed) else "", end="")
-        print(flush=True)
+def _device(given: str | None, manifest: dict[str, Any], torch: Any) -> Any:
+    """The device to run on, refused naming --device where the package cannot run there."""
+    target = manifest["target"]["device"]
+    name = given if given is not None else target
+    origin = "" if given is not None else " (the build's target; --device was not given)"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise argument("--device", name, "expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argument("--device", name, f"no CUDA device is usable on this machine{origin}")
+        if (device.index or 0) >= count:
+            raise argument("--device", name, f"this machine has {count} CUDA device(s){origin}")
+    built = torch.device(target).type
+    if device.type != built:
+        raise argument("--device", name, f"the package was built for {target} (target.device): its code runs there")
+    return device

@@ -46,10 +46,12 @@ def fused_at_load(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], so
     projections were fused (`passes`): each fused tensor made from its parts,
     row for row, as the manifest maps them (a copy; the parts are dropped)."""
     made = 0
+    shapes = {entry["fqn"]: entry["shape"] for entry in manifest["weights"]["tensors"]}
     for name, parts in fused_tensors(manifest):
         names = [part for part, _ in parts]
         if name in tensors or not all(part in tensors for part in names):
             continue  # named as the package binds it already, or not this checkpoint's: compare() says
+        _check_parts(name, parts, shapes.get(name), tensors, source)
         if not made:
             tensors = dict(tensors)  # the caller's mapping stays as given
         tensors[name] = torch.cat([tensors.pop(part) for part in names])
@@ -57,6 +59,27 @@ def fused_at_load(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], so
     if made:
         log.info("fused %d tensors of %s at load, as the build's passes did (a copy)", made, source)
     return tensors
+
+
+def _check_parts(
+    name: str,
+    parts: list[tuple[str, list[int]]],
+    fused_shape: list[int] | None,
+    tensors: Mapping[str, torch.Tensor],
+    source: str,
+) -> None:
+    """Each part of a fused tensor has the rows the manifest maps to it and
+    the fused tensor's other sizes, named as `check` names it (torch.cat would
+    fail on the columns without naming the tensor, or fuse wrong rows)."""
+    if fused_shape is None:
+        return  # not a tensor the package binds by this name (quantized parts): compare() says
+    wrong = []
+    for part, (start, end) in parts:
+        expected = [end - start, *fused_shape[1:]]
+        if list(tensors[part].shape) != expected:
+            wrong.append(f"{part} {list(tensors[part].shape)} (package expects {expected}, rows of {name})")
+    if wrong:
+        raise WeightsMismatch({"wrong shape": wrong}, source)
 
 
 def weights_to_bind(

@@ -5,12 +5,22 @@ example of use and the reference for `flashrt-generate` (C++)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ..errors import ConfigError
+
+
+class PromptRefused(ConfigError, ValueError):
+    """A prompt, or a number of new tokens, the package was not built for:
+    the config key that would build one that takes it, with the value this
+    package was built with (exit code 2 from the command line; a ValueError
+    to callers of `generate`)."""
 
 
 @dataclass
@@ -61,14 +71,10 @@ def generate(
     `on_token(token [batch, 1])` sees each token as chosen (streaming: a wait
     per step); `timed` waits for the device to time prefill and decode.
     """
-    if prompt.dim() != 2 or prompt.shape[1] < 1:
-        raise ValueError(f"prompt must be [batch, length] token ids, got shape {list(prompt.shape)}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    _check_fits(model, prompt, max_new_tokens, (prefill, decode, position))
     choose = _chooser(temperature, top_k, top_p, seed, prompt.device)
     notify = on_token or (lambda token: None)
     length = prompt.shape[1]
-    _check_room(model, decode, position, length + max_new_tokens - 1)
     stops = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos), device=prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
@@ -97,13 +103,27 @@ def generate(
     return result
 
 
+def _check_fits(model: Any, prompt: torch.Tensor, max_new_tokens: int, names: tuple[str, str, str]) -> None:
+    """The prompt and the new tokens fit the package, before any call."""
+    if prompt.dim() != 2 or prompt.shape[1] < 1:
+        raise ValueError(f"prompt must be [batch, length] token ids, got shape {list(prompt.shape)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prefill, decode, position = names
+    sizes = built_sizes(model, prefill, decode, position)
+    if sizes is not None:  # a causal_lm package: the keys a user sets, not the inputs they derive
+        check_request(sizes, prompt.shape[0], prompt.shape[1], max_new_tokens)
+    _check_room(model, decode, position, prompt.shape[1] + max_new_tokens - 1)
+
+
 def _chooser(
     temperature: float, top_k: int | None, top_p: float | None, seed: int | None, device: torch.device
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """How the next token of each sequence, [batch, 1], is chosen from the last position's logits."""
-    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+    finite = math.isfinite(temperature) and temperature >= 0
+    if not finite or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
         raise ValueError(
-            f"expected temperature >= 0, top_k >= 1 and 0 < top_p <= 1; got {temperature}, {top_k}, {top_p}"
+            f"expected a finite temperature >= 0, top_k >= 1 and 0 < top_p <= 1; got {temperature}, {top_k}, {top_p}"
         )
     if temperature == 0:
         return lambda logits: logits[:, -1].argmax(-1, keepdim=True)
@@ -160,4 +180,63 @@ def _check_room(model: Any, decode: str, position: str, last: int) -> None:
         raise ValueError(
             f"the prompt and the new tokens need positions up to {last}; the package's {decode} accepts "
             f"{position} below {spec['high']} (module.methods.{decode}.inputs.{position}.high: its cache's length)"
+        )
+
+
+# The keys of the shipped `causal_lm` config a user sets for a package's sizes
+# (the manifest's `config.module`, `pretrained` set): its prompts and cache are refused in their words.
+CAUSAL_LM_KEYS = ("pretrained", "max_cache_len", "max_prompt", "batch")
+
+
+@dataclass(frozen=True)
+class BuiltSizes:
+    """What a `causal_lm` package was built to take, read from its methods'
+    inputs (the resolved values, whatever the config left null)."""
+
+    batch: int
+    max_prompt: int
+    max_cache_len: int
+
+
+def built_sizes(model: Any, prefill: str, decode: str, position: str) -> BuiltSizes | None:
+    """A `causal_lm` package's sizes; None for any other model (its inputs' own keys apply)."""
+    module = ((getattr(model, "manifest", None) or {}).get("config") or {}).get("module") or {}
+    if not all(key in module for key in CAUSAL_LM_KEYS) or not module["pretrained"]:
+        return None  # every module's config has the keys; only causal_lm's names a directory
+    prompt = next(iter(_declared_inputs(model, prefill)), None)
+    at = next((i for i in _declared_inputs(model, decode) if i["name"] == position), None)
+    if prompt is None or at is None or at.get("high") is None or len(prompt["shape"]) != 2:
+        return None
+    longest = (prompt["dynamic"].get("1") or {}).get("max", prompt["shape"][1])
+    return BuiltSizes(prompt["shape"][0], longest, at["high"])
+
+
+def check_request(sizes: BuiltSizes, batch: int, length: int, max_new_tokens: int) -> None:
+    """A `causal_lm` package's prompt and new tokens against what it was
+    built for, refused naming `module.batch`, `module.max_prompt` or
+    `module.max_cache_len` with the override that would build one that takes them."""
+    if batch != sizes.batch:
+        raise PromptRefused(
+            "module.batch",
+            sizes.batch,
+            f"the package decodes {sizes.batch} sequence(s) at once and the prompt holds {batch}; "
+            f"rebuild with module.batch={batch}",
+        )
+    last = length + max_new_tokens - 1  # the position of the last new token
+    if length > sizes.max_prompt:
+        cache = f" module.max_cache_len={last + 1}" if last >= sizes.max_cache_len else ""
+        raise PromptRefused(
+            "module.max_prompt",
+            sizes.max_prompt,
+            f"the prompt has {length} tokens, more than the package's prefill takes; "
+            f"rebuild with module.max_prompt={length}{cache}",
+        )
+    if last >= sizes.max_cache_len:
+        fewer = sizes.max_cache_len - length
+        instead = f", or ask for at most {fewer} new tokens" if fewer >= 1 else ""
+        raise PromptRefused(
+            "module.max_cache_len",
+            sizes.max_cache_len,
+            f"the prompt ({length} tokens) and {max_new_tokens} new tokens need positions up to {last}, "
+            f"the package's cache holds {sizes.max_cache_len}; rebuild with module.max_cache_len={last + 1}{instead}",
         )

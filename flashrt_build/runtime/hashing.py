@@ -107,3 +107,12 @@ def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
             f"{section['sha256']}; refusing to load it"
         )
     return path
+
+
+def check_served_files(output_dir: Path, manifest: Mapping[str, Any]) -> list[Path]:
+    """The files copied beside the package (`module.files`: a tokenizer,
+    generation_config.json), each once its sha256 matches the manifest's: an
+    edited tokenizer.json changes the prompt's ids and the text silently."""
+    return [
+        check_file(output_dir, record, "a file served beside the package") for record in manifest.get("files") or []
+    ]

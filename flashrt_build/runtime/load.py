@@ -23,7 +23,7 @@ from .call import PackageMethod
 from .contract import check_contract
 from .gpu import check_gpu_arch, gpu_of
 from .graphs import GraphCache
-from .hashing import check_file
+from .hashing import check_file, check_served_files
 from .manifest import manifest_methods, read_manifest, state_mode
 from .runner import import_tree_types, load_libraries, load_package
 
@@ -200,6 +200,7 @@ def open_package(
     """Load a package whose manifest is already read (build uses it before publishing)."""
     package = check_file(output_dir, manifest["package"], "the package")
     check_contract(package, manifest, output_dir / MANIFEST)
+    check_served_files(output_dir, manifest)
     device = torch.device(device if device is not None else manifest["target"]["device"])
     check_gpu_arch(manifest["toolchain"].get("gpu"), device, gpu_of(str(device)))
     bound = weights_to_bind(manifest, weights, host, lazy_sidecar(output_dir, manifest), device)
@@ -250,7 +251,8 @@ def load(
     """Load the package in `output_dir` as a `torch.nn.Module`.
 
     Checks the package's sha256 against the manifest before any of its code is
-    loaded, and the sidecar's before any of it is read. `weights`: None binds the sidecar of an external
+    loaded, the sidecar's before any of it is read, and those of the files
+    served beside it (a tokenizer, `check_served_files`). `weights`: None binds the sidecar of an external
     build (or keeps baked weights); a path to a checkpoint, or a mapping such as
     a `state_dict`, is checked by name, shape, dtype and device against the
     manifest and bound in place. `host`: the eager module the package stands in

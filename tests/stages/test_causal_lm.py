@@ -120,7 +120,7 @@ def test_text_in_text_out(llama_lm_build: tuple[flashrt_build.BuildResult, Path]
 
     assert sampled(7) == sampled(7) and sampled(7) != sampled(8)
     too_long = generate_cli(result.output_dir, "--prompt-ids", ",".join(["1"] * 60), "--max-new-tokens", "10")
-    assert too_long.returncode == 2 and "positions up to 69" in too_long.stderr
+    assert too_long.returncode == 2 and "'module.max_prompt' = 32" in too_long.stderr  # the key a user sets
 
 
 def test_a_sweep_over_directories_gives_each_its_folder_and_reuses_the_compile(

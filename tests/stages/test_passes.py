@@ -6,6 +6,7 @@ generating transformers' own tokens."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import flashrt_build
 from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.compose import compose
+from flashrt_build.errors import WeightsMismatch
 from flashrt_build.stages.module import instantiate_stage
 from flashrt_build.stages.passes import passes_stage
 
@@ -171,10 +173,23 @@ def test_a_fused_package_verifies_generates_and_cuts_the_matmuls(llama: tuple[Pa
 
     assert check_checkpoint(result.output_dir, model_dir) == {}
     tensors = {k: v for f in model_dir.glob("*.safetensors") for k, v in load_file(f).items()}
-    tensors["model.layers.1.self_attn.k_proj.weight"] = tensors["model.layers.1.self_attn.k_proj.weight"][:-1].clone()
+    k_proj = "model.layers.1.self_attn.k_proj.weight"
+    whole = tensors[k_proj]
+    tensors[k_proj] = whole[:-1].clone()
     save_file(tensors, root / "cut.safetensors")
     problems = check_checkpoint(result.output_dir, root / "cut.safetensors")
     assert list(problems) == ["wrong shape"] and "model.layers.1.self_attn.k_proj.weight" in problems["wrong shape"][0]
+    # `load` names a wrong part as `check` does, before fusing it (torch.cat's own error named no tensor)
+    tensors[k_proj] = whole[:, :-1].clone()  # a column short: torch.cat refused it
+    save_file(tensors, root / "narrow.safetensors")
+    for name, shape in (
+        ("cut", [whole.shape[0] - 1, whole.shape[1]]),
+        ("narrow", [whole.shape[0], whole.shape[1] - 1]),
+    ):
+        expected = re.escape(str(list(whole.shape)))
+        said = rf"wrong shape: {re.escape(k_proj)} {re.escape(str(shape))} \(package expects {expected}"
+        with pytest.raises(WeightsMismatch, match=said):
+            flashrt_build.load(result.output_dir, weights=root / f"{name}.safetensors")
     # another checkpoint of the architecture, named as transformers names it: fused at load, no recompile
     other = save_family("llama", root / "other", seed=1)
     swapped = flashrt_build.generate(flashrt_build.load(result.output_dir, weights=other), PROMPT, 9).tokens

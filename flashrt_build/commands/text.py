@@ -1,0 +1,198 @@
+"""Text in, text out for `python -m flashrt_build.generate`: the prompt's
+token ids from its text (the tokenizer the build copied, its chat template
+rendered under bounds: chat_template.py) or from `--prompt-ids`, each refused
+naming the flag; the continuation printed as it is generated."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ArtifactError, ConfigError
+from ..runtime.manifest import manifest_methods
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def argument(flag: str, value: object, expected: str) -> ConfigError:
+    """A command-line flag refused: its name, its value and what was expected (exit code 2)."""
+    return ConfigError(flag, value, expected, kind="argument")
+
+
+def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any, list[int]]:
+    """The tokenizer (None for --prompt-ids) and the prompt's token ids, each in the package's vocabulary."""
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise argument("--chat", True, "applies to --prompt's text; --prompt-ids are token ids already")
+        ids = _parse_ids(args.prompt_ids)
+        _check_vocabulary(ids, manifest, "--prompt-ids", args.prompt_ids)
+        return None, ids
+    text = _utf8(args.prompt)
+    tokenizer = _tokenizer(args.output_dir, args.chat)
+    ids = _chat_ids(tokenizer, text, args.output_dir) if args.chat else _encode(tokenizer, text)
+    if not ids:
+        raise argument("--prompt", text, "encodes to no tokens; the package needs at least one")
+    _check_vocabulary(ids, manifest, "--prompt", text)
+    return tokenizer, ids
+
+
+def _parse_ids(given: str) -> list[int]:
+    try:
+        ids = [int(i) for i in given.split(",") if i.strip()]
+    except ValueError:
+        ids = []
+    if not ids:
+        raise argument("--prompt-ids", given, "expected token ids separated by commas (1,2,3)")
+    return ids
+
+
+def _utf8(text: str) -> str:
+    """The prompt as text: bytes that are not UTF-8 reach argv as surrogates, which no tokenizer encodes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw, at = os.fsencode(text), len(text[: exc.start].encode())
+        raise argument("--prompt", raw, f"is not valid UTF-8 (byte {raw[at : at + 1]!r} at offset {at})") from None
+    return text
+
+
+def _tokenizer(output_dir: Path, chat: bool) -> Any:
+    """The tokenizer the build copied: transformers' when installed (chat
+    templates, every tokenizer kind), else a tokenizer.json through the
+    `tokenizers` library."""
+    if not any((output_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise argument("--prompt", str(output_dir), "holds no tokenizer (tokenizer.json): give --prompt-ids instead")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return _plain_tokenizer(output_dir, chat)
+    # a tokenizer_config.json's auto_map names code of its own: never asked about, never run
+    return AutoTokenizer.from_pretrained(output_dir, local_files_only=True, trust_remote_code=False)
+
+
+def _plain_tokenizer(output_dir: Path, chat: bool) -> Any:
+    """A tokenizer.json through the `tokenizers` library, where transformers is not installed."""
+    if chat:
+        raise argument("--chat", True, "applying a chat template needs transformers: pip install transformers")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise argument(
+            "--prompt",
+            str(output_dir),
+            "encoding text needs a tokenizer library: pip install tokenizers (or transformers, for every "
+            "tokenizer kind and --chat); --prompt-ids serves token ids without one",
+        ) from None
+    path = output_dir / "tokenizer.json"
+    if not path.is_file():
+        raise argument("--prompt", str(output_dir), "its tokenizer needs transformers: pip install transformers")
+    return Tokenizer.from_file(str(path))
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    encoded = tokenizer.encode(text)
+    return list(encoded.ids if hasattr(encoded, "ids") else encoded)
+
+
+def _chat_ids(tokenizer: Any, text: str, output_dir: Path) -> list[int]:
+    """The prompt as one user message through the tokenizer's chat template,
+    as transformers' `apply_chat_template` encodes it, the template rendered
+    under bounds (chat_template.py)."""
+    from .chat_template import render
+
+    try:
+        template = tokenizer.get_chat_template()
+    except ValueError:
+        raise argument("--chat", True, f"the tokenizer in {output_dir} has no chat template") from None
+    messages = [{"role": "user", "content": text}]
+    rendered = render(template, messages, tokenizer.special_tokens_map, _template_source(output_dir))
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def _template_source(output_dir: Path) -> Path:
+    """The file a tokenizer's chat template comes from, as transformers looks for it."""
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (output_dir / name).is_file():
+            return output_dir / name
+    return output_dir / "tokenizer_config.json"
+
+
+def _check_vocabulary(ids: list[int], manifest: dict[str, Any], flag: str, given: str) -> None:
+    """Token ids the prefill's declared range takes (its vocabulary), before the package is loaded."""
+    spec = manifest_methods(manifest)["prefill"]["inputs"][0]
+    low, high = spec.get("low"), spec.get("high")
+    outside = [i for i in ids if (low is not None and i < low) or (high is not None and i >= high)]
+    if outside:
+        accepted = f"{'-inf' if low is None else low} to {'inf' if high is None else high - 1}"
+        raise argument(flag, given, f"token id {outside[0]} is outside the package's vocabulary, {accepted}")
+
+
+def eos_tokens(output_dir: Path, tokenizer: Any) -> set[int] | None:
+    """The model's end-of-sequence tokens: its generation config's, else its tokenizer's."""
+    path = output_dir / "generation_config.json"
+    if path.is_file():
+        try:
+            found = json.loads(path.read_bytes()).get("eos_token_id")
+        except (ValueError, AttributeError) as exc:  # a build from before the build checked it
+            raise ArtifactError(f"{path} is not a JSON object ({exc}); rebuild the package") from None
+        if found is not None:
+            return set(found) if isinstance(found, list) else {int(found)}
+    found = getattr(tokenizer, "eos_token_id", None)
+    return {int(found)} if found is not None else None
+
+
+def print_speed(prompt_tokens: int, result: Any) -> None:
+    """The prompt's and the decode's speed, the output's last line, on stderr."""
+    new = result.tokens.shape[1]
+    steps = max(new - 1, 1)
+    print(
+        f"prompt: {prompt_tokens} tokens in {1e3 * result.prefill_s:.1f} ms "
+        f"({prompt_tokens / result.prefill_s:.0f} tokens/s); decode: {new} tokens, "
+        f"{1e3 * result.decode_s / steps:.2f} ms/token "
+        f"({steps / result.decode_s if result.decode_s else float('inf'):.0f} tokens/s)",
+        file=sys.stderr,
+    )
+
+
+class Stream:
+    """Prints the continuation as tokens arrive: text decoded from all tokens
+    so far, minus what was printed (a token may complete a character), or the
+    ids themselves without a tokenizer."""
+
+    def __init__(self, tokenizer: Any = None) -> None:
+        self.tokenizer, self.printed = tokenizer, ""
+        self.ids: list[int] = []
+        self.mid_line = False  # printed something the final newline has not ended
+        self.started = time.perf_counter()
+
+    def __call__(self, token: Any) -> None:
+        self.ids.append(int(token[0, 0]))
+        if self.tokenizer is None:
+            self._print(("," if len(self.ids) > 1 else "") + str(self.ids[-1]))
+            return
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.startswith(self.printed) and not text.endswith("\ufffd"):  # not half a character
+            self._print(text[len(self.printed) :])
+            self.printed = text
+
+    def _print(self, text: str) -> None:
+        print(text, end="", flush=True)
+        self.mid_line = self.mid_line or bool(text)
+
+    def end(self) -> None:
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            print(text[len(self.printed) :] if text.startswith(self.printed) else "", end="")
+        print(flush=True)
+        self.mid_line = False
+
+    def end_line(self) -> None:
+        """End the continuation's line, so a message after it starts on its own."""
+        if self.mid_line:
+            print(flush=True)
+            self.mid_line = False

@@ -1,0 +1,463 @@
+"""The surfaces added since the core hold the core's promises (issue 54):
+`python -m flashrt_build.generate` (G) and `flashrt_build.generate`.
+
+- The files served beside a package (a tokenizer, generation_config.json)
+  are checked like the weights: against the manifest's digests, by `load`
+  and G, and refused at the build when they are no JSON; published files
+  are read-only hard links into the store.
+- G fails the way the build command does: one line on stderr, the README's
+  exit codes, no traceback; a chat template renders under bounds.
+- A prompt the package was not built for is named by the key a user sets
+  (`module.max_prompt`, `module.max_cache_len`, `module.batch`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from clitools import QUIET, REPO, cli
+
+import flashrt_build
+from flashrt_build.cache.publish import publish
+from flashrt_build.cache.store import Store
+from flashrt_build.config.compose import compose
+from flashrt_build.errors import ArtifactError
+from flashrt_build.runtime.generate import PromptRefused
+from flashrt_build.runtime.hashing import file_sha256
+
+LlamaBuild = tuple[flashrt_build.BuildResult, Path]
+G = [sys.executable, "-m", "flashrt_build.generate"]
+
+
+def generate_cli(*args: str | bytes | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """G in a fresh process, as users see it (no traceback asked for)."""
+    done = subprocess.run(
+        [*G, *(a if isinstance(a, bytes) else str(a) for a in args)],
+        capture_output=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, **QUIET, "TOKENIZERS_PARALLELISM": "false", **(env or {})},
+    )
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The failure's one line on stderr, and nothing else there."""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    return lines[0]
+
+
+def copy_build(out: Path, to: Path) -> Path:
+    """A copy of a build (files, not links into the store), writable."""
+    shutil.copytree(out, to)
+    for path in to.iterdir():
+        path.chmod(0o644)
+    return to
+
+
+# --- served files are checked like weights ----------------------------------------
+
+
+def test_a_served_json_file_that_does_not_parse_fails_the_build(tmp_path: Path) -> None:
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text('{"version": ')
+    done = cli("+module=mlp", f"+module.files=[{broken}]", f"output_root={tmp_path / 'out'}")
+    assert done.returncode == 2, done.stderr
+    assert "config key 'module.files.0'" in done.stderr and str(broken) in done.stderr
+    assert "tokenizer.json does not parse as JSON" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "mlp").exists()  # refused before anything was built
+
+
+@pytest.mark.slow
+def test_an_edited_served_file_is_refused_by_load_and_generate(llama_lm_build: LlamaBuild, tmp_path: Path) -> None:
+    result, _ = llama_lm_build
+    out = copy_build(result.output_dir, tmp_path / "out")
+    recorded = {r["file"]: r["sha256"] for r in result.manifest["files"]}
+    tokenizer = out / "tokenizer.json"
+    text = tokenizer.read_text()
+    assert '"a": 64' in text and '"b": 65' in text
+    # the same size, valid JSON, other ids for "a" and "b": before the check, another prompt and exit 0
+    tokenizer.write_text(text.replace('"a": 64', '"a": @@').replace('"b": 65', '"b": 64').replace('"a": @@', '"a": 65'))
+    assert tokenizer.stat().st_size == len(text.encode()) and file_sha256(tokenizer) != recorded["tokenizer.json"]
+
+    done = generate_cli(out, "--prompt", "ab", "--max-new-tokens", "4")
+    assert done.returncode == 1 and done.stdout == ""
+    line = one_line(done)
+    assert str(tokenizer) in line and "altered after its build" in line
+    assert file_sha256(tokenizer) in line and recorded["tokenizer.json"] in line  # what was found, what was recorded
+    with pytest.raises(
+        ArtifactError,
+        match=rf"{re.escape(str(tokenizer))}.*sha256 {file_sha256(tokenizer)} .* {recorded['tokenizer.json']}",
+    ):
+        flashrt_build.load(out)
+    # --prompt-ids reads no tokenizer, but the package's own files are still checked
+    assert generate_cli(out, "--prompt-ids", "1,2", "--max-new-tokens", "2").returncode == 1
+
+    shutil.copyfile(result.output_dir / "tokenizer.json", tokenizer)
+    config = out / "generation_config.json"
+    config.write_text(config.read_text().replace('"eos_token_id": 2', '"eos_token_id": 9'))  # stops elsewhere
+    with pytest.raises(ArtifactError, match=r"generation_config.json \(a file served beside the package\) was altered"):
+        flashrt_build.load(out)
+    assert "generation_config.json" in one_line(generate_cli(out, "--prompt-ids", "1,2", "--max-new-tokens", "2"))
+
+
+@pytest.mark.slow
+def test_a_tokenizer_file_the_build_did_not_write_is_refused(llama_lm_build: LlamaBuild, tmp_path: Path) -> None:
+    """transformers reads special_tokens_map.json or added_tokens.json when they are there: one that
+    appeared beside the package changes the ids as an edit would."""
+    result, _ = llama_lm_build
+    out = copy_build(result.output_dir, tmp_path / "out")
+    (out / "added_tokens.json").write_text('{"<x>": 300}')
+    done = generate_cli(out, "--prompt", "ab", "--max-new-tokens", "2")
+    assert done.returncode == 1
+    assert f"{out / 'added_tokens.json'} is not a file its build wrote" in one_line(done)
+
+
+@pytest.mark.slow
+def test_published_files_are_read_only_links_into_the_store(llama_lm_build: LlamaBuild) -> None:
+    result, _ = llama_lm_build
+    out = result.output_dir
+    entry = out.parents[1] / ".store" / "artifacts" / result.manifest["build_key"]
+    for path in sorted(out.iterdir()):
+        stored = entry / path.name
+        assert stat.S_IMODE(path.stat().st_mode) & 0o222 == 0, path  # no write bit, for anyone
+        assert path.stat().st_ino == stored.stat().st_ino, path  # the store's file itself
+    assert {r["file"] for r in result.manifest["files"]} <= {p.name for p in entry.iterdir()}
+    assert stat.S_IMODE((entry / "sha256").stat().st_mode) & 0o222 == 0
+
+
+def test_read_only_artifacts_are_still_replaced_and_pruned(tmp_path: Path) -> None:
+    """Published and stored files lose their write bits; a rebuild still
+    swaps the directory and `store clean` still unlinks the entry (both need
+    only the directories' write bits)."""
+    out = tmp_path / "out"
+
+    def staged(text: str) -> Path:
+        staging = tmp_path / f"staging-{text}"
+        staging.mkdir()
+        (staging / "model.pt2").write_text(text)
+        (staging / "manifest.json").write_text(
+            '{"schema": "flashrt_build.manifest/1", "package": {"file": "model.pt2"}}'
+        )
+        return staging
+
+    publish(staged("one"), out)
+    assert [stat.S_IMODE(p.stat().st_mode) & 0o222 for p in sorted(out.iterdir())] == [0, 0]
+    assert stat.S_IMODE(out.stat().st_mode) & 0o200  # the folder stays the owner's to replace
+    publish(staged("two"), out)
+    assert (out / "model.pt2").read_text() == "two" and not list(tmp_path.glob("staging-*"))
+
+    store = Store(tmp_path)
+    store.put("artifacts", "key", [out / "model.pt2"])
+    entry = tmp_path / ".store" / "artifacts" / "key"
+    assert (entry / "model.pt2").stat().st_ino == (out / "model.pt2").stat().st_ino
+    assert stat.S_IMODE((entry / "sha256").stat().st_mode) & 0o222 == 0
+    assert store.prune() == ([], [])  # still linked from the output directory
+    (out / "model.pt2").unlink()
+    assert store.prune() == ([entry], []) and not entry.exists()
+
+
+# --- G under the build's error framework ----------------------------------------------
+
+FLAGS = [
+    ("--temperature", "nan"),
+    ("--temperature", "inf"),
+    ("--temperature", "-1"),
+    ("--top-p", "0"),
+    ("--top-p", "1.5"),
+    ("--top-p", "nan"),
+    ("--top-k", "0"),
+    ("--max-new-tokens", "0"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), FLAGS)
+def test_a_flag_out_of_range_is_named_before_anything_is_read(flag: str, value: str, tmp_path: Path) -> None:
+    done = generate_cli(tmp_path / "nothing", "--prompt-ids", "1,2", flag, value)
+    assert done.returncode == 2
+    assert one_line(done).startswith(f"ConfigError: argument '{flag}' = ")
+
+
+def test_a_failure_shows_its_traceback_when_asked(tmp_path: Path) -> None:
+    done = generate_cli(
+        tmp_path / "nothing", "--prompt-ids", "1", "--temperature", "nan", env={"FLASHRT_TRACEBACK": "1"}
+    )
+    assert done.returncode == 2 and "Traceback" in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("ConfigError: argument '--temperature' = nan")
+
+
+def test_a_directory_without_a_build_is_a_wrong_command_line(tmp_path: Path) -> None:
+    done = generate_cli(tmp_path, "--prompt-ids", "1")
+    assert done.returncode == 2 and "holds no complete build" in one_line(done)
+
+
+def test_the_help_describes_the_command_in_a_full_sentence() -> None:
+    from flashrt_build.commands.generate import DESCRIPTION
+
+    done = generate_cli("--help")
+    assert done.returncode == 0
+    assert DESCRIPTION.endswith(".") and DESCRIPTION in " ".join(done.stdout.split())
+    assert "141 the reader closed the pipe" in " ".join(done.stdout.split())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("nonsense", "expected cpu, cuda or cuda:N"),
+        pytest.param(
+            "cuda",
+            "no CUDA device is usable on this machine",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here"),
+        ),
+    ],
+)
+def test_a_device_it_cannot_run_on_is_named_as_device(llama_lm_build: LlamaBuild, value: str, says: str) -> None:
+    done = generate_cli(llama_lm_build[0].output_dir, "--prompt-ids", "1,2", "--device", value)
+    assert done.returncode == 2
+    assert one_line(done) == f"ConfigError: argument '--device' = {value!r}: {says}"  # not module.checkpoint
+
+
+@pytest.mark.slow
+def test_a_package_without_prefill_and_decode_is_named_with_its_methods(mlp_build: flashrt_build.BuildResult) -> None:
+    done = generate_cli(mlp_build.output_dir, "--prompt-ids", "1,2")
+    assert done.returncode == 2
+    assert f"{mlp_build.output_dir} has no method 'prefill'; its methods: forward" in one_line(done)
+
+
+@pytest.mark.slow
+def test_a_prompt_that_is_not_utf8_is_named(llama_lm_build: LlamaBuild) -> None:
+    done = generate_cli(llama_lm_build[0].output_dir, "--prompt", b"ab\xff")
+    assert done.returncode == 2
+    assert one_line(done) == (
+        "ConfigError: argument '--prompt' = b'ab\\xff': is not valid UTF-8 (byte b'\\xff' at offset 2)"
+    )
+
+
+def _wait_for_handlers(process: subprocess.Popen[bytes]) -> None:
+    """Until G has installed its SIGTERM handler (which Python has none of by itself)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.005)
+    raise AssertionError("G never installed its signal handlers")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_is_one_line_and_the_shells_exit_code(
+    llama_lm_build: LlamaBuild, signum: signal.Signals, code: int
+) -> None:
+    process = subprocess.Popen(
+        [*G, str(llama_lm_build[0].output_dir), "--prompt-ids", "1,2", "--max-new-tokens", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **QUIET},
+    )
+    _wait_for_handlers(process)  # then loading: the import of torch alone takes seconds
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == code
+    assert stderr.decode() == f"interrupted by {signum.name}: generation stopped\n"
+    assert stdout == b""
+
+
+def test_an_interrupted_continuation_ends_its_line_before_the_message(capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C mid-stream: the tokens printed so far get their newline, so the
+    one line on stderr starts on its own in a terminal."""
+    from flashrt_build.commands.text import Stream
+
+    stream = Stream()
+    stream(torch.tensor([[5]]))
+    stream(torch.tensor([[7]]))
+    stream.end_line()
+    stream.end_line()  # once only
+    assert capsys.readouterr().out == "5,7\n"
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_ends_it_quietly_with_sigpipes_code(llama_lm_build: LlamaBuild) -> None:
+    """`G ... | head -c 0`: the reader is gone before the first token; no
+    traceback, no "Exception ignored", 141 as for a tool killed by SIGPIPE."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [*G, str(llama_lm_build[0].output_dir), "--prompt", "ab", "--max-new-tokens", "20"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            timeout=300,
+            env={**os.environ, **QUIET, "TOKENIZERS_PARALLELISM": "false"},
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141
+    assert done.stderr == b""
+
+
+# A serving host: torch and safetensors, nothing else. The command runs with
+# the named top-level packages made unimportable.
+WITHOUT = """
+import runpy, sys
+blocked = set(sys.argv[1].split(","))
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in blocked:
+            raise ImportError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Blocked())
+sys.argv = ["python -m flashrt_build.generate", *sys.argv[2:]]
+runpy.run_module("flashrt_build.generate", run_name="__main__", alter_sys=True)
+"""
+
+
+def without(blocked: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT, blocked, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, **QUIET},
+    )
+
+
+@pytest.mark.slow
+def test_a_serving_host_without_tokenizer_libraries(llama_lm_build: LlamaBuild) -> None:
+    out = llama_lm_build[0].output_dir
+    ids = without("transformers,tokenizers", out, "--prompt-ids", "3,1,4", "--max-new-tokens", "3")
+    assert ids.returncode == 0, ids.stderr
+    assert len(ids.stdout.strip().split(",")) == 3
+
+    text = without("transformers,tokenizers", out, "--prompt", "ab")
+    assert text.returncode == 2 and "Traceback" not in text.stderr
+    assert "argument '--prompt'" in text.stderr and "pip install tokenizers" in text.stderr
+
+    plain = without("transformers", out, "--prompt", "ab", "--max-new-tokens", "3")
+    assert plain.returncode == 0, plain.stderr  # a tokenizer.json through the tokenizers library
+    chat = without("transformers", out, "--prompt", "ab", "--chat")
+    assert chat.returncode == 2 and "argument '--chat'" in chat.stderr and "pip install transformers" in chat.stderr
+
+    bare = without("torch", out, "--prompt-ids", "1,2")
+    assert bare.returncode == 2 and "Traceback" not in bare.stderr
+    assert "needs torch to run the package: pip install torch" in bare.stderr
+
+
+# --- chat templates: code that came with the model -----------------------------
+
+TEMPLATE = (
+    "{% set c = messages[0]['content'] %}"
+    "{% if c == 'raise' %}{{ raise_exception('no') }}"
+    "{% elif c == 'undefined' %}{{ nothing.here }}"
+    "{% elif c == 'escape' %}{{ ''.__class__.__mro__ }}"
+    "{% elif c == 'huge range' %}{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    "{% elif c == 'nested loops' %}{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}"
+    "{% elif c == 'doubling' %}{% set ns = namespace(s='x') %}"
+    "{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"
+    "{% elif c == 'slow' %}{% for a in 'x' * 100000 %}{% for b in 'x' * 100000 %}{% endfor %}{% endfor %}"
+    "{% else %}<{{ c }}>{% if add_generation_prompt %}:{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_lm(llama_lm_build: LlamaBuild, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llama fixture's model with a chat template that misbehaves by
+    the prompt, built into the same output root: its compiled package reused."""
+    result, model_dir = llama_lm_build
+    model = tmp_path_factory.mktemp("chat") / "llama_chat"
+    shutil.copytree(model_dir, model)
+    (model / "chat_template.jinja").write_text(TEMPLATE)
+    sizes = ["module.max_cache_len=64", "module.max_prompt=32"]
+    root = result.output_dir.parents[1]
+    built = flashrt_build.build(
+        compose(["+module=causal_lm", f"module.pretrained={model}", *sizes, "weights=external", f"output_root={root}"])
+    )
+    assert set(built.manifest["methods"][m]["compiled"] for m in ("prefill", "decode")) == {"reused"}
+    return built.output_dir
+
+
+@pytest.mark.slow
+def test_a_chat_template_renders_as_transformers_does(chat_lm: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_lm)
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "ab"}], add_generation_prompt=True, return_dict=False
+    )
+    assert expected == tokenizer.encode("<ab>:")
+    done = generate_cli(chat_lm, "--prompt", "ab", "--chat", "--max-new-tokens", "2")
+    assert done.returncode == 0, done.stderr
+    assert f"prompt: {len(expected)} tokens in" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [
+        ("raise", "TemplateError: no (line 1)"),
+        ("undefined", "UndefinedError: 'nothing' is undefined"),
+        ("escape", "SecurityError: access to attribute '__class__' of 'str' object is unsafe"),
+        ("huge range", "range() of 100000 items: a chat template may take at most 10000"),
+        ("nested loops", "its range() loops run more than 1000000 times"),
+        ("doubling", "it needed more than 1024 MiB to render"),
+        ("slow", "it took more than 10 s to render"),
+    ],
+)
+def test_a_chat_template_that_raises_or_passes_a_bound_is_named(chat_lm: Path, prompt: str, says: str) -> None:
+    started = time.monotonic()
+    done = generate_cli(chat_lm, "--prompt", prompt, "--chat")
+    assert done.returncode == 2 and done.stdout == ""
+    line = one_line(done)
+    assert f"the chat template in {chat_lm / 'chat_template.jinja'} cannot be applied" in line and says in line
+    assert time.monotonic() - started < 60  # bounded: 2.3 GB and 45 s before, for nested range(100000)
+
+
+# --- messages name the key the user set ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_prompt_the_package_was_not_built_for_names_the_causal_lm_key(llama_lm_build: LlamaBuild) -> None:
+    out = llama_lm_build[0].output_dir
+    long = generate_cli(out, "--prompt-ids", ",".join(["1"] * 40), "--max-new-tokens", "4")
+    assert long.returncode == 2
+    assert one_line(long) == (
+        "PromptRefused: config key 'module.max_prompt' = 32: the prompt has 40 tokens, more than the package's "
+        "prefill takes; rebuild with module.max_prompt=40"
+    )
+    room = generate_cli(out, "--prompt-ids", "1,2,3", "--max-new-tokens", "70")
+    assert room.returncode == 2
+    assert one_line(room) == (
+        "PromptRefused: config key 'module.max_cache_len' = 64: the prompt (3 tokens) and 70 new tokens need "
+        "positions up to 72, the package's cache holds 64; rebuild with module.max_cache_len=73, or ask for at "
+        "most 61 new tokens"
+    )
+    both = generate_cli(out, "--prompt-ids", ",".join(["1"] * 60), "--max-new-tokens", "10")
+    assert "rebuild with module.max_prompt=60 module.max_cache_len=70" in one_line(both)
+
+    model = flashrt_build.load(out)
+    with pytest.raises(PromptRefused, match=r"'module.batch' = 1: .* holds 2; rebuild with module.batch=2"):
+        flashrt_build.generate(model, torch.ones(2, 3, dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match=r"'module.max_cache_len' = 64: .* rebuild with module.max_cache_len=73"):
+        flashrt_build.generate(model, torch.ones(1, 3, dtype=torch.int64), 70)
+    with pytest.raises(ValueError, match=r"'module.max_prompt' = 32: the prompt has 33 tokens"):
+        flashrt_build.generate(model, torch.ones(1, 33, dtype=torch.int64), 1)
+    assert all(t.abs().sum() == 0 for t in model.state.values())  # refused before any call
+    assert flashrt_build.generate(model, torch.ones(1, 3, dtype=torch.int64), 61).tokens.shape == (1, 61)
+
+
+def test_a_sampling_setting_that_is_not_finite_is_refused_by_the_api() -> None:
+    with pytest.raises(ValueError, match="finite temperature"):
+        flashrt_build.generate(object(), torch.ones(1, 3, dtype=torch.int64), 4, temperature=float("nan"))
