@@ -8,6 +8,8 @@ the build's, recorded in its manifest."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ def text_config(pretrained: str) -> dict[str, Any]:
 
 
 def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: Any = None) -> Any:
-    """The OmegaConf resolver `flashrt_llm`: `vocab_size`; `cache_len` (given,
+    """The OmegaConf resolver `flashrt_llm`: `name` (the directory's, the
+    output folder's); `vocab_size`; `cache_len` (given,
     else the model's positions, at most MAX_DEFAULT_CACHE); `max_prompt`
     (given, else `fallback`: the cache's length); `example_prompt` (the
     example's length, within `given`, the longest prompt); `files` (the
@@ -50,6 +53,9 @@ def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: An
         return given
     if what == "example_prompt":
         return max(1, min(8, int(given)))
+    if what == "name":  # the output folder's: the model's directory, as the user knows it
+        folder = Path(os.path.abspath(Path(pretrained).expanduser())).name if pretrained else ""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", folder).strip("._") or "causal_lm"
     if pretrained is None:
         raise ConfigError("module.pretrained", None, "a save_pretrained directory is required: module.pretrained=DIR")
     directory = Path(pretrained).expanduser()

@@ -5,6 +5,7 @@ code imports from."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class ModuleSpec:
 def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> ModuleSpec:
     """The `module` group (and `python_path`), every problem added to `problems`."""
     module = config["module"]
+    record_absolute_paths(module, cwd)
     name = module["name"]
     if not isinstance(name, str) or not NAME.match(name):
         problems.append(ConfigError("module.name", name, "expected letters, digits, '_', '.', '-'"))
@@ -61,6 +63,30 @@ def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> Mod
     import_paths = _import_paths(config.get("python_path") or [], cwd, problems)
     config["python_path"] = [str(path) for path in import_paths]  # recorded: repro imports from there too
     return ModuleSpec(name, model, str(target), methods, checkpoint, rename, files, import_paths, tuple(allowed))
+
+
+def record_absolute_paths(module: dict[str, Any], cwd: Path) -> None:
+    """`module.pretrained` and `module.files` as absolute paths, wherever the
+    resolved config holds them (interpolated into `module.model` too): the
+    manifest records them so, and `repro` rebuilds from any directory. Their
+    contents, not where they are, key the build."""
+    pretrained = module.get("pretrained")
+    if isinstance(pretrained, str) and pretrained.strip():
+        absolute = os.path.abspath(cwd / Path(pretrained).expanduser())
+        module["pretrained"] = absolute
+        module["model"] = _replaced(module["model"], pretrained, absolute)
+    files = module.get("files") or []
+    module["files"] = [os.path.abspath(cwd / Path(f).expanduser()) if isinstance(f, str) else f for f in files]
+
+
+def _replaced(node: Any, old: str, new: str) -> Any:
+    if isinstance(node, str):
+        return new if node == old else node
+    if isinstance(node, dict):
+        return {k: v if k == "_target_" else _replaced(v, old, new) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_replaced(v, old, new) for v in node]
+    return node
 
 
 def _check_targets(config: Mapping[str, Any], model: Any, allowed: list[str], problems: Problems) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 UNNAMED = frozenset(
     {
         "module.name", "target.name", "inductor.name", "quant.name", "passes.name",  # the folder's other parts
+        "module.pretrained",  # causal_lm's folder is named after it (module.name)
         "weights",
         "output_root", "output_dir", "variant", "verify", "force", "threads",  # where and how, not what
         "allowed_targets", "python_path", "hydra",  # policy and lookup

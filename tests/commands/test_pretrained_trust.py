@@ -105,6 +105,28 @@ def test_a_file_is_not_a_save_pretrained_directory(llama_dir: Path, tmp_path: Pa
         make_plan(compose(llm(tmp_path / "absent", tmp_path / "out")))
 
 
+def test_an_llm_lands_in_its_directorys_folder_and_records_absolute_paths(
+    llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Named after the model (every LLM landed in outputs/causal_lm/), and its
+    paths recorded absolute, so `repro` rebuilds it from any directory."""
+    from llm_families import save_tokenizer
+
+    work = tmp_path / "work"
+    model = copy_of(llama_dir, work / "my_qwen")
+    save_tokenizer(model)
+    monkeypatch.chdir(work)
+    here = make_plan(compose(llm("my_qwen", Path("out"))))
+    spec = here.spec
+    assert spec.output_dir == work / "out" / "my_qwen" / "cpu-baked-default-module.max_cache_len_32"
+    module = spec.config["module"]
+    assert module["pretrained"] == module["model"]["pretrained"] == str(model)
+    assert module["files"] and all(Path(f).is_absolute() and Path(f).parent == model for f in module["files"])
+    monkeypatch.chdir(tmp_path)  # the recorded config, from elsewhere: the same files, the same key
+    elsewhere = make_plan(compose(llm(module["pretrained"], work / "out")))
+    assert elsewhere.keys == here.keys and elsewhere.spec.input_files == spec.input_files
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "said"),
     [

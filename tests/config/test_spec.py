@@ -60,11 +60,11 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_shipped_config_composes_and_validates(name: str, target: str, weights: str, pretrained: Path) -> None:
     extra = [f"module.pretrained={pretrained}"] if name == "causal_lm" else []
     spec = resolve_spec(compose([f"+module={name}", f"target={target}", f"weights={weights}", *extra]))
-    assert spec.name == name
+    folder = pretrained.name if extra else name  # causal_lm's is named after the model's directory
+    assert spec.name == folder
     assert spec.weights is WeightsMode(weights)
     assert spec.inputs and all(all(n > 0 for n in i.shape) for i in spec.inputs)
-    variant = f"-pretrained_{pretrained.name}" if extra else ""
-    assert spec.output_dir.parts[-2:] == (name, f"{target}-{weights}-default{variant}")
+    assert spec.output_dir.parts[-2:] == (folder, f"{target}-{weights}-default")
 
 
 def test_causal_lm_reads_its_sizes_from_the_directory_and_caps_the_cache(pretrained: Path) -> None:

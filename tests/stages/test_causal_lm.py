@@ -137,16 +137,10 @@ def test_a_sweep_over_directories_gives_each_its_folder_and_reuses_the_compile(
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    folders = {p.name for p in (root / "causal_lm").iterdir() if not p.name.startswith(".")}
-    sizes = "module.max_cache_len_64-module.max_prompt_32"
-    assert {
-        f"cpu-external-default-pretrained_{model_dir.name}-{sizes}",
-        f"cpu-external-default-pretrained_retrained-{sizes}",
-    } <= folders
+    folder = "cpu-external-default-module.max_cache_len_64-module.max_prompt_32"
+    assert (root / model_dir.name / folder).is_dir()  # each named after its model's directory
+    other = root / "retrained" / folder
     assert "compile" not in sweep.stderr.replace("compile      skipped", "")  # each reused the fixture's package
-    other = (
-        root / "causal_lm" / "cpu-external-default-pretrained_retrained-module.max_cache_len_64-module.max_prompt_32"
-    )
     tokens = flashrt_build.generate(flashrt_build.load(other), PROMPT, 9).tokens
     assert tokens.tolist() == transformers_tokens(retrained, PROMPT, 9).tolist()
 
@@ -170,7 +164,8 @@ def test_a_quantization_recipe_applies_to_fused_projections(
     quantized = flashrt_build.build(compose([*overrides, f"output_root={root}"]))
     manifest = quantized.manifest
     assert manifest["verification"]["passed"] is True and manifest["quant"]["name"] == "int8_dq_prefill"
-    assert quantized.output_dir.name.startswith("cpu-external-default-int8_dq_prefill-llm-pretrained_llama-")
+    assert quantized.output_dir.name.startswith("cpu-external-default-int8_dq_prefill-llm-module.max_cache_len_64")
+    assert quantized.output_dir.parent.name == model_dir.name
     assert manifest["weights"]["bytes"] < 0.6 * result.manifest["weights"]["bytes"]
     fused = [name for name, m in manifest["quant"]["modules"].items() if "fused_from" in m]
     assert len(fused) == 2 * 2 and all(manifest["quant"]["modules"][name]["config"] != "skip" for name in fused)
