@@ -85,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0, help="seeds sampling: the same tokens every run")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seeds sampling (default: from the system, printed to repeat a run)"
+    )
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to the prompt")
     parser.add_argument("--device", default=None, help="default: the build's target")
     return parser
@@ -143,6 +145,8 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
     result = generate(model, prompt, args.max_new_tokens, eos=eos, timed=True, on_token=stream, **sampling)
     stream.end()
     print_speed(len(ids), result)
+    if result.seed is not None:  # what repeats this run's tokens
+        print(f"seed: {result.seed} (--seed {result.seed} repeats these tokens)", file=sys.stderr)
     return 0
 
 

@@ -6,6 +6,7 @@ example of use and the reference for `flashrt-generate` (C++)."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class Generation:
     tokens: torch.Tensor
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    seed: int | None = None  # what sampling was seeded with (None: greedy); passed again, the same tokens
 
     @property
     def decode_ms_per_token(self) -> float:
@@ -67,11 +69,14 @@ def generate(
 
     Stops after `max_new_tokens`, or once every sequence produced one of `eos`.
     `temperature` 0 is greedy; above, it samples from the `top_k` likeliest and
-    the fewest reaching `top_p` (seeded by `seed`: the same tokens every run).
+    the fewest reaching `top_p`, seeded by `seed`, else from the system (each
+    run its own tokens; `Generation.seed` says which, to repeat one).
     `on_token(token [batch, 1])` sees each token as chosen (streaming: a wait
     per step); `timed` waits for the device to time prefill and decode.
     """
     _check_fits(model, prompt, max_new_tokens, (prefill, decode, position))
+    if temperature > 0 and seed is None:
+        seed = int.from_bytes(os.urandom(4), "little")
     choose = _chooser(temperature, top_k, top_p, seed, prompt.device)
     notify = on_token or (lambda token: None)
     length = prompt.shape[1]
@@ -97,7 +102,7 @@ def generate(
             done |= torch.isin(token, stops)
         wait()
         decode_s = time.perf_counter() - start if len(tokens) > 1 else 0.0
-    result = Generation(torch.cat(tokens, dim=1))
+    result = Generation(torch.cat(tokens, dim=1), seed=seed if temperature > 0 else None)
     if timed:
         result.prefill_s, result.decode_s = prefill_s, decode_s
     return result
@@ -128,7 +133,8 @@ def _chooser(
     if temperature == 0:
         return lambda logits: logits[:, -1].argmax(-1, keepdim=True)
     generator = torch.Generator(device=device)
-    generator.manual_seed(0 if seed is None else seed)
+    assert seed is not None  # drawn by `generate` when not given
+    generator.manual_seed(seed)
 
     def sample(logits: torch.Tensor) -> torch.Tensor:
         scores = logits[:, -1].float() / temperature
