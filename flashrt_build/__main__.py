@@ -5,10 +5,25 @@ absence is one line, not a traceback."""
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+# `flashrt-build NAME ...` runs the command of that name, as `python -m
+# flashrt_build.NAME ...` does: a Hydra override is never a bare word.
+COMMANDS = {
+    "generate": ("flashrt_build.commands.generate", "text from a causal LM package: generate OUT --prompt TEXT"),
+    "check": ("flashrt_build.commands.check", "does a checkpoint fit a package: check OUT CHECKPOINT"),
+    "repro": ("flashrt_build.commands.repro", "does a release rebuild byte for byte: repro OUT"),
+    "doctor": ("flashrt_build.commands.doctor", "the toolchain, and a canary build: doctor [target=cuda]"),
+    "store": ("flashrt_build.commands.clean", "prune the build store: store clean [OUTPUT_ROOT] [--all]"),
+    "cpp": ("flashrt_build.commands.cpp", "the C++ library's CMake project: cpp --cmake-dir"),
+}
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
+        module = importlib.import_module(COMMANDS[sys.argv[1]][0])
+        sys.exit(module.main(sys.argv[2:]))
     if "--version" in sys.argv[1:] or "-V" in sys.argv[1:]:  # ours, not Hydra's own version
         from . import __version__
 

@@ -43,6 +43,20 @@ def test_the_console_script_is_the_build_command() -> None:
     assert result.returncode == 0 and "python -m flashrt_build +module=NAME" in result.stdout
 
 
+def test_every_command_is_found_from_the_first_ones_help() -> None:
+    """`flashrt-build --help` names each command, and `flashrt-build NAME --help` runs it."""
+    from flashrt_build.__main__ import COMMANDS
+
+    script = Path(sys.executable).parent / "flashrt-build"
+    listed = run(str(script), "--help").stdout
+    assert "See README.md" not in listed  # an installed user has none
+    for name, (module, _) in COMMANDS.items():
+        assert f"flashrt-build {name} " in listed, name
+        helped = run(str(script), name, "--help")
+        assert helped.returncode == 0 and "python -m flashrt_build." in helped.stdout, (name, helped.stderr)
+        assert importlib.import_module(module).main is not None
+
+
 def test_the_public_api_survives_importing_every_module() -> None:
     """A submodule named like an export (a `load.py` beside `load()`) would
     replace the function once imported; importing all of them must not."""
