@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config.command_line import check_command_line
+from .config.command_line import check_command_line, flags_first
 from .config.compose import CONF_DIR, Naming, users_configs_first
 from .config.inputs import NAME
 from .config.naming import group_overrides
@@ -111,6 +111,7 @@ def main() -> None:
     """Console entry point (`flashrt-build`, `python -m flashrt_build`)."""
     register_schema()
     quiet_known_warnings()
+    sys.argv[1:] = flags_first(sys.argv[1:])  # --config-dir after the overrides, as people type it
     try:
         check_command_line(sys.argv[1:])  # before Hydra runs anything a config names
     except ConfigError as exc:

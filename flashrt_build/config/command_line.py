@@ -20,6 +20,26 @@ from .problems import raise_all
 from .schema import plain
 from .targets import allowed_targets, hydra_code_problems
 
+# Hydra's flags that take a value; argparse takes no override after one
+# (`-m +module=x --config-dir d seed=1,2` was its 9-line usage).
+_VALUED_FLAGS = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp")
+
+
+def flags_first(argv: Sequence[str]) -> list[str]:
+    """`argv` with Hydra's valued flags (and their values) before the
+    overrides, wherever they were given."""
+    flags, rest = [], []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in _VALUED_FLAGS and args:
+            flags += [arg, args.pop(0)]
+        elif arg.split("=", 1)[0] in _VALUED_FLAGS and arg.startswith("--"):
+            flags.append(arg)
+        else:
+            rest.append(arg)
+    return flags + rest
+
 
 def check_command_line(argv: Sequence[str]) -> None:
     """Raise a ConfigError for what Hydra would refuse, or run unchecked."""

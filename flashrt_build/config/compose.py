@@ -152,7 +152,7 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
         group, _, option = exc.missing_cfg_file.rpartition("/")
         other = _OTHER_NAMES.get((group, option.lower()))
         close = [other] if other in exc.options else difflib.get_close_matches(option, exc.options, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        hint = f"; did you mean {close[0]}?" if close else _config_dir_hint(group, option)
         return ConfigError(
             group, option, f"no such {group} config; choices: {', '.join(exc.options)}{hint}", "config group"
         )
@@ -177,7 +177,9 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
     in_file = f" (in {where}.yaml)" if where else ""
     if full_key and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         *path, key = str(full_key).split(".")
-        problem = unknown_key(path, key, _typed_value(str(full_key), values))
+        parent = getattr(cause, "parent_node", None)  # the composed node the key was missing from
+        present = [str(k) for k in parent] if isinstance(parent, DictConfig) else []
+        problem = unknown_key(path, key, _typed_value(str(full_key), values), present)
         return ConfigError(problem.key, problem.value, problem.expected + in_file)
     if merging:  # the override's own key: a merge error's full_key may be relative to the node it hit
         full_key = merging.group(1).lstrip("+~")
@@ -201,6 +203,16 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
             f"several values sweep only with -m (--multirun); a list is {key}=[{value}], a string {key}='{value}'",
         )
     return ConfigError("command line", " ".join(overrides), first_lines(exc, 2), "argument")
+
+
+def _config_dir_hint(group: str, option: str) -> str:
+    """Where a config of that name lies near the working directory, for a
+    command line that did not name its directory (`--config-dir my_conf`)."""
+    here = Path.cwd()
+    for found in sorted([*here.glob(f"{group}/{option}.yaml"), *here.glob(f"*/{group}/{option}.yaml")]):
+        folder = found.parent.parent.relative_to(here)
+        return f"; {found.relative_to(here)} is one: add --config-dir {folder}"
+    return ""
 
 
 # `module.inputs.x.dynamic.0.max`: an axis named in a dotted key

@@ -10,7 +10,7 @@ import difflib
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
@@ -44,8 +44,10 @@ def _walk(value: Any, node: Any, path: list[str], problems: list[ConfigError]) -
             _walk(item, item_type, [*path, str(key)], problems)
 
 
-def unknown_key(path: list[str], key: str, value: Any) -> ConfigError:
-    """`path.key` is not a config key: say so, with the closest key that is."""
+def unknown_key(path: list[str], key: str, value: Any, present: Sequence[str] = ()) -> ConfigError:
+    """`path.key` is not a config key: say so, with the closest key that is.
+    `present`: the keys the composed config holds at `path` (a free-form
+    place's, `module.model`'s constructor arguments), nearer than the schema."""
     # `+inductr.options.max_autotune=true` arrives as {inductr: {options: {max_autotune: true}}}:
     # name the key as the user typed it.
     typed = [key]
@@ -55,7 +57,12 @@ def unknown_key(path: list[str], key: str, value: Any) -> ConfigError:
     guess = _closest(path, typed)
     if guess == [*path, *typed]:  # a free-form place (Inductor's options, a module's kwargs): new there
         new_key = ".".join(guess)
+        close = difflib.get_close_matches(key, [str(k) for k in present], n=1)
+        if close:  # a misspelling of what the config holds there (`chanels` for `channels`)
+            return ConfigError(new_key, value, f"not in the config; did you mean {'.'.join([*path, close[0]])}?")
         return ConfigError(new_key, value, f"not in the config yet; a new key is added with '+': +{new_key}={value}")
+    if not guess and not path:  # a group's key given without its group (`pretrained=DIR`)
+        guess = _nested(key)
     if guess:
         hint = f"did you mean {'.'.join(guess)}?"
     else:
@@ -109,6 +116,15 @@ def _closest(path: list[str], typed: list[str]) -> list[str] | None:
         else:  # free-form from here on
             guess.append(part)
     return guess
+
+
+def _nested(key: str) -> list[str] | None:
+    """The key of a top-level group named like `key` (`module.pretrained` for `pretrained`)."""
+    for group, node in typing.get_type_hints(BuildConfig).items():
+        node = _unwrap_optional(node)
+        if dataclasses.is_dataclass(node) and key in typing.get_type_hints(node):
+            return [group, key]
+    return None
 
 
 def _node_at(path: list[str]) -> Any:

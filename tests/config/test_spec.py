@@ -449,6 +449,31 @@ def test_the_command_line_composes_a_config_dirs_file_of_a_shipped_name(tmp_path
     assert refused.returncode == 2 and "holds config.yaml, which would replace the tool's own config" in refused.stderr
 
 
+def test_mistakes_point_the_right_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt constructor argument, a group's key without its group, a
+    module config beside the command line but not given to it."""
+    conf = tmp_path / "my_conf"
+    (conf / "module").mkdir(parents=True)
+    (conf / "module" / "mine.yaml").write_text(
+        "name: mine\nmodel: {_target_: flashrt_build.examples.MLP, hidden: 4}\ninputs: {x: {shape: [2, 16]}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"'module.model.hiden' = '5': not in the config; did you mean "
+                                          r"module.model.hidden\?"):  # fmt: skip
+        compose(["+module=mine", "module.model.hiden=5"], config_dir=conf)
+    with pytest.raises(ConfigError, match=r"'pretrained' = 'llama': not a config key; did you mean module.pretrained"):
+        compose(["+module=mlp", "pretrained=llama"])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"my_conf/module/mine.yaml is one: add --config-dir my_conf"):
+        compose(["+module=mine"])
+
+
+def test_the_config_dir_may_follow_the_overrides() -> None:
+    from flashrt_build.config.command_line import flags_first
+
+    given = ["-m", "+module=x", "--config-dir", "d", "seed=1,2", "--config-name=c"]
+    assert flags_first(given) == ["--config-dir", "d", "--config-name=c", "-m", "+module=x", "seed=1,2"]
+
+
 def test_a_long_variant_is_shortened_keeping_variants_apart() -> None:
     from flashrt_build.config.naming import variant_of
 
