@@ -133,6 +133,7 @@ class Manifest(TypedDict, total=False):
     weights: dict[str, Any]
     state: dict[str, Any] | None
     libraries: list[dict[str, Any]]  # shared libraries of the custom operators the package calls
+    experts: dict[str, Any]  # mixture-of-experts models switched to experts a package can run
     files: list[FileRecord]  # copied beside the package (a tokenizer)
     inputs: list[InputEntry]
     outputs: list[dict[str, Any]]

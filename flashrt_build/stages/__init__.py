@@ -16,6 +16,7 @@ its manifest sections and its log note.
     domain.py           the config's inputs against the eager module, before the compile
     inputs.py           seeded example inputs and torch.export dynamic shapes
     export.py           torch.export: one graph per method or an error naming the cause
+    experts.py          mixture-of-experts layers switched to experts a package can run, at export
     exporting.py        whether a trace is running (is_exporting): model code and the decode passes ask it
     rewrites.py         the passes that rewrite the exported graph, in one table (switch, rewrite, log words)
     gemv_fusion.py      the gemv_fusion pass: the norm, SiLU gate and residual add around a GEMV in its kernel

@@ -52,6 +52,8 @@ def assemble_manifest(
         "state": sections["state"],
         # shared libraries of the custom operators the package calls: loaded before it
         **({"libraries": sections["libraries"]} if sections.get("libraries") else {}),
+        # mixture-of-experts models switched to an experts path a package can run (experts.py)
+        **({"experts": sections["experts"]} if sections.get("experts") else {}),
         **({"files": sections["files"]} if sections.get("files") else {}),  # copied beside the package
         "inputs": sections["inputs"],
         "outputs": sections["outputs"],

@@ -31,6 +31,7 @@ from ..config.schema import StateMode
 from ..config.spec import BuildSpec
 from ..errors import ExportError, first_lines
 from .custom_ops import resolve_custom_ops, triton_calls
+from .experts import RUNNABLE, runnable_experts
 from .exporting import exporting
 from .exporting import is_exporting as is_exporting  # where it was first: flashrt_build.stages.export.is_exporting
 from .inputs import ExampleInputs, dynamic_shapes, make_inputs
@@ -156,6 +157,7 @@ def export_stage(
     padded = 0
     rewrites = enabled_rewrites(spec)
     done: dict[str, dict[str, dict[str, int]]] = {rewrite.name: {} for rewrite in rewrites}  # by pass, by method
+    experts = runnable_experts(module)
     for method in spec.methods:
         example = make_inputs(spec, method=method)
         with swapped_weights(module, (method_weights or {}).get(method.name, {})):
@@ -183,7 +185,10 @@ def export_stage(
     if padded:
         note += f"; {padded} int8 matmuls given 16 rows more (cuBLAS takes more than 16)"
     note += rewrites_note(done)
+    if experts:
+        note += f"; {experts} mixture-of-experts model(s) run their experts as {RUNNABLE} (grouped_mm is Python-only)"
     sections = {
+        "experts": {"implementation": RUNNABLE, "models": experts} if experts else {},
         "libraries": [{"path": path, "ops": ops} for path, ops in libraries.items()],
         "rewrites": {name: {"methods": by_method} for name, by_method in done.items()},  # the manifest's passes.*
     }

@@ -93,3 +93,37 @@ def test_an_operator_registered_for_inductor_to_decompose_is_decomposed() -> Non
     program, python, libraries = resolve_custom_ops(program, "layer")
     assert "torchao::choose_qparams_affine" in python and custom_operators(program) == [] and libraries == {}
     torch.testing.assert_close(program.module()(x), layer(x))
+
+
+def test_a_mixture_of_experts_model_given_as_a_target_runs_its_experts_as_aten(tmp_path: Path) -> None:
+    """Mixtral from its config, as a plain `_target_`: its experts' default
+    path calls transformers::grouped_mm_fallback (Python-only), which stopped
+    the build; the export switches it to batched_mm after the reference ran
+    the model as given, and says so (no compile here: the graph is the question)."""
+    from flashrt_build.cache.plan import make_plan
+    from flashrt_build.stages.custom_ops import custom_operators
+    from flashrt_build.stages.export import export_stage
+    from flashrt_build.stages.module import instantiate_stage
+
+    conf = module_conf(
+        tmp_path,
+        "moe",
+        "name: moe\nmodel:\n  _target_: transformers.MixtralForCausalLM\n  config:\n"
+        "    _target_: transformers.MixtralConfig\n    vocab_size: 256\n    hidden_size: 64\n"
+        "    intermediate_size: 128\n    num_hidden_layers: 1\n    num_attention_heads: 4\n"
+        "    num_key_value_heads: 2\n    num_local_experts: 4\n    num_experts_per_tok: 2\n"
+        "inputs: {input_ids: {shape: [1, 8], dtype: int64, low: 0, high: 256}}\nkwargs: {use_cache: false}\n",
+    )
+    plan = make_plan(compose(["+module=moe", f"output_root={tmp_path / 'out'}"], config_dir=conf))
+    module = instantiate_stage(plan.spec, plan.digests).value
+    assert module.config._experts_implementation == "grouped_mm"  # as transformers builds it
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        given = module(input_ids=ids, use_cache=False).logits
+    stage = export_stage(module, plan.spec)
+    assert stage.sections["experts"] == {"implementation": "batched_mm", "models": 1}
+    assert "1 mixture-of-experts model(s) run their experts as batched_mm" in stage.note
+    (exported,) = stage.value
+    assert not [op for op in custom_operators(exported.program) if op.namespace == "transformers"]
+    with torch.no_grad():
+        torch.testing.assert_close(exported.program.module()(input_ids=ids).logits, given, rtol=1e-4, atol=1e-4)
