@@ -572,3 +572,35 @@ def test_a_custom_operators_library_is_loaded_before_the_package_in_python_and_c
     proc, out = cpp_run(cpp_tools, built.output_dir, {"x": x}, tmp_path)
     assert proc.returncode == 0, proc.stderr
     torch.testing.assert_close(out["output"], expected)
+
+
+def test_a_project_of_the_users_own_finds_the_installed_library_as_the_docs_show(
+    cpp_tools: dict[str, Path], mlp_build: flashrt_build.BuildResult, tmp_path: Path
+) -> None:
+    """docs/serving.md's whole project (its CMakeLists.txt and server.cpp, read
+    from the page), against the library installed with `cmake --install`:
+    configured, built and run on the mlp package, as a user would."""
+    import re
+
+    page = (REPO / "docs" / "serving.md").read_text()
+    section = page[page.index("A whole project") :]
+    cmake_lists, server = (body for _, body in re.findall(r"```(cmake|cpp)\n(.*?)```", section, flags=re.S)[:2])
+    prefix = tmp_path / "prefix"
+    installed = run("cmake", "--install", BUILD, "--prefix", prefix)
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    project = tmp_path / "server"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(cmake_lists)
+    (project / "server.cpp").write_text(server)
+    configure = run(
+        "cmake", "-S", project, "-B", project / "build", f"-DCMAKE_PREFIX_PATH={prefix};{torch.utils.cmake_prefix_path}"
+    )  # fmt: skip
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    built = run("cmake", "--build", project / "build", timeout=900)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    served = run(project / "build" / "server", mlp_build.output_dir)
+    assert served.returncode == 0, served.stderr[-3000:]
+    expected = flashrt_build.load(mlp_build.output_dir)(torch.ones(3, 16)).sum().item()
+    lines = served.stdout.splitlines()
+    assert float(lines[0].removeprefix("sum ")) == pytest.approx(expected, rel=1e-5)
+    assert lines[1].startswith("refused: ") and "x" in lines[1]
