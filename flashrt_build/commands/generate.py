@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to the prompt")
     parser.add_argument("--device", default=None, help="default: the build's target")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads a call runs on (default: the cores other work leaves idle)",
+    )
     return parser
 
 
@@ -138,13 +144,13 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
     tokenizer, ids = prompt_ids(args, manifest)
     torch, load, generate = _runtime()
     device = _device(args.device, manifest, torch)
-    model = load(args.output_dir, device=device)
+    model = load(args.output_dir, device=device, threads=_threads(args.threads, device))
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
     stream.tokenizer = tokenizer
     eos = eos_tokens(args.output_dir, tokenizer)
     result = generate(model, prompt, args.max_new_tokens, eos=eos, timed=True, on_token=stream, **sampling)
     stream.end()
-    print_speed(len(ids), result)
+    print_speed(len(ids), result, model.threads)
     if result.seed is not None:  # what repeats this run's tokens
         print(f"seed: {result.seed} (--seed {result.seed} repeats these tokens)", file=sys.stderr)
     return 0
@@ -195,6 +201,18 @@ def _check_served(output_dir: Path, manifest: dict[str, Any]) -> None:
             f"{output_dir / unlisted[0]} is not a file its build wrote (the manifest's files do not list it) and "
             "a tokenizer would read it; refusing to serve from it"
         )
+
+
+def _threads(given: int | None, device: Any) -> int | None:
+    """The CPU threads of a CPU package's calls: as given, else the cores
+    other work leaves idle (every thread past them waits on a busy core)."""
+    if given is not None and given < 1:
+        raise argument("--threads", given, "expected a thread count >= 1")
+    if given is not None or device.type != "cpu":
+        return given
+    from ..runtime.threads import idle_cpus
+
+    return idle_cpus()
 
 
 def _runtime() -> tuple[Any, Any, Any]:

@@ -146,15 +146,17 @@ def eos_tokens(output_dir: Path, tokenizer: Any) -> set[int] | None:
     return {int(found)} if found is not None else None
 
 
-def print_speed(prompt_tokens: int, result: Any) -> None:
-    """The prompt's and the decode's speed, the output's last line, on stderr."""
+def print_speed(prompt_tokens: int, result: Any, threads: int | None = None) -> None:
+    """The prompt's and the decode's speed, the output's last line, on stderr
+    (with the CPU threads the calls ran on)."""
     new = result.tokens.shape[1]
     steps = max(new - 1, 1)
     print(
         f"prompt: {prompt_tokens} tokens in {1e3 * result.prefill_s:.1f} ms "
         f"({prompt_tokens / result.prefill_s:.0f} tokens/s); decode: {new} tokens, "
         f"{1e3 * result.decode_s / steps:.2f} ms/token "
-        f"({steps / result.decode_s if result.decode_s else float('inf'):.0f} tokens/s)",
+        f"({steps / result.decode_s if result.decode_s else float('inf'):.0f} tokens/s)"
+        + (f"; {threads} CPU thread{'s' if threads > 1 else ''}" if threads else ""),
         file=sys.stderr,
     )
 

@@ -7,6 +7,7 @@ build's verification uses to load a package exactly as users do.
     binding.py         what a load binds: weights checked, state in place or threaded
     call.py            one call of a method: inputs checked, state threaded, outputs rebuilt
     graphs.py          CUDA-graph replay of a method's calls, one graph per input shape
+    threads.py         the CPU threads a method's calls run on
     generate.py        `generate(m, prompt, n)`: greedy or sampled, through prefill and decode
     manifest.py        reading, writing and checking manifest.json
     manifest.schema.json  its JSON Schema, written once

@@ -18,6 +18,7 @@ from ..artifact import SINGLE_MODEL, STATE_KWARG
 from .dtypes import dtype_name
 from .gpu import fp32_precision
 from .graphs import GraphCache
+from .threads import cpu_threads
 
 log = logging.getLogger("flashrt_build")
 
@@ -43,8 +44,10 @@ class PackageMethod:
         state: dict[str, torch.Tensor],
         lock: threading.Lock | None = None,
         graphs: GraphCache | None = None,
+        threads: int | None = None,
     ) -> None:
         self.name, self.runner = name, runner
+        self.threads = threads  # CPU threads a call runs on; None: as this process is set
         self._lock = lock or threading.Lock()
         self._constant_kwargs = dict(entry.get("kwargs") or {})
         self._kwargs_key = "module.kwargs" if entry["model"] == SINGLE_MODEL else f"module.methods.{name}.kwargs"
@@ -89,7 +92,7 @@ class PackageMethod:
         for name, value in bound.items():  # compiled code reads row-major: a view laid out otherwise reads wrong
             if not value.is_contiguous():
                 bound[name] = value.contiguous()
-        with self._lock:
+        with self._lock, cpu_threads(self.threads):
             if self._tf32 is None:
                 return self._run(bound)
             with fp32_precision(self._tf32):  # extern kernels (cuBLAS, cuDNN) read it on every call

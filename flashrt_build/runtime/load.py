@@ -26,6 +26,7 @@ from .graphs import GraphCache
 from .hashing import check_file, check_served_files
 from .manifest import manifest_methods, read_manifest, state_mode
 from .runner import import_tree_types, load_libraries, load_package
+from .threads import check_threads
 
 DEFAULT_MAX_GRAPHS = 8
 quiet_known_warnings()  # torch's "No CUDA runtime is found" on every CPU load: not the user's to act on
@@ -65,6 +66,7 @@ class LoadedModule(torch.nn.Module):
         device: torch.device | None = None,
         state: Mapping[str, torch.Tensor] | None = None,
         graphs: tuple[int, bool] | None = None,
+        threads: int | None = None,
     ) -> None:
         """`runner`: the loaded model of each method, by model name (or the
         one model of a single-method package). `graphs`: (max graphs per
@@ -98,6 +100,7 @@ class LoadedModule(torch.nn.Module):
                 threaded,
                 self._lock,
                 GraphCache(name, graphs[0], graphs[1]) if graphs is not None else None,
+                threads,
             )
             for name, entry in entries.items()
         }
@@ -109,6 +112,16 @@ class LoadedModule(torch.nn.Module):
     def device(self) -> torch.device:
         """Where the package runs (and its inputs must be)."""
         return self._device
+
+    @property
+    def threads(self) -> int | None:
+        """The CPU threads each call runs on (None: as this process is set)."""
+        return next(iter(self.methods.values())).threads
+
+    @threads.setter
+    def threads(self, threads: int | None) -> None:
+        for method in self.methods.values():
+            method.threads = check_threads(threads)
 
     @property
     def host(self) -> torch.nn.Module | None:
@@ -196,6 +209,7 @@ def open_package(
     device: str | torch.device | None = None,
     host: torch.nn.Module | None = None,
     graphs: tuple[int, bool] | None = None,
+    threads: int | None = None,
 ) -> LoadedModule:
     """Load a package whose manifest is already read (build uses it before publishing)."""
     package = check_file(output_dir, manifest["package"], "the package")
@@ -213,7 +227,7 @@ def open_package(
         runners[entry["model"]] = runner = load_package(package, index, entry["model"], graphs is not None)
         import_tree_types(runner)
     bind(runners, manifest, bound, state)
-    return LoadedModule(runners, manifest, output_dir, bound, host, device, state, graphs)
+    return LoadedModule(runners, manifest, output_dir, bound, host, device, state, graphs, check_threads(threads))
 
 
 def graph_options(
@@ -247,6 +261,7 @@ def load(
     cuda_graphs: bool | None = None,
     max_graphs: int | None = None,
     copy_outputs: bool = True,
+    threads: int | None = None,
 ) -> LoadedModule:
     """Load the package in `output_dir` as a `torch.nn.Module`.
 
@@ -265,9 +280,14 @@ def load(
     `serve.max_graphs` decide (on a CUDA device). Outputs are copies the next
     call leaves alone; `copy_outputs=False` returns the graph's own tensors,
     which the next call of that shape overwrites.
+
+    `threads`: the CPU threads each call runs on (torch's and OpenMP's count,
+    set around the call and put back after); None leaves this process's
+    setting (`torch.set_num_threads`). On a busy machine fewer than its cores
+    keeps a CPU package from fighting other work for them (BENCHMARKS.md).
     """
     output_dir = Path(output_dir)
     manifest = read_manifest(output_dir)
     target = torch.device(device if device is not None else manifest["target"]["device"])
     graphs = graph_options(manifest, target, cuda_graphs, max_graphs, copy_outputs)
-    return open_package(output_dir, manifest, weights, target, host, graphs)
+    return open_package(output_dir, manifest, weights, target, host, graphs, threads)

@@ -179,6 +179,7 @@ FLAGS = [
     ("--top-p", "nan"),
     ("--top-k", "0"),
     ("--max-new-tokens", "0"),
+    ("--threads", "0"),
 ]
 
 

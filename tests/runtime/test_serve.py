@@ -6,6 +6,7 @@ test_cpp.py, the CUDA graphs themselves in test_serve_gpu.py."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -134,6 +135,29 @@ def test_generate_equals_the_eager_modules_greedy_loop(lm_package: flashrt_build
     lm.reset_state()
     assert lm.state["kv_cache"] is cache and cache.abs().sum() == 0
     assert torch.equal(flashrt_build.generate(lm, prompt(), 40).tokens, expected)
+
+
+def test_a_package_runs_on_the_threads_it_is_given_and_leaves_the_processs_setting(
+    lm_build: flashrt_build.BuildResult,
+) -> None:
+    """`load(threads=N)`: each call runs on N CPU threads (torch's count, which
+    the package's OpenMP kernels read), set around the call, put back after."""
+    from flashrt_build.runtime.threads import cpu_threads, idle_cpus
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    lm = flashrt_build.load(lm_build.output_dir, threads=1)
+    assert lm.threads == 1 and flashrt_build.load(lm_build.output_dir).threads is None
+    with cpu_threads(3):
+        seen.append(torch.get_num_threads())
+    assert seen == [3] and torch.get_num_threads() == before
+    assert torch.equal(flashrt_build.generate(lm, prompt(), 12).tokens, eager_greedy(eager_lm(), prompt(), 12))
+    assert torch.get_num_threads() == before
+    lm.threads = 2
+    assert all(method.threads == 2 for method in lm.methods.values())
+    with pytest.raises(ValueError, match=r"threads=0: expected a thread count >= 1"):
+        flashrt_build.load(lm_build.output_dir, threads=0)
+    assert 1 <= idle_cpus() <= len(os.sched_getaffinity(0))
 
 
 def test_generate_refuses_what_the_cache_cannot_hold_before_any_call(lm_build: flashrt_build.BuildResult) -> None:
