@@ -5,6 +5,7 @@ absence is one line, not a traceback."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -24,6 +25,11 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
         module = importlib.import_module(COMMANDS[sys.argv[1]][0])
         sys.exit(module.main(sys.argv[2:]))
+    if len(sys.argv) > 1 and _a_word(sys.argv[1]):  # no override is a bare word: a command, misspelt
+        close = difflib.get_close_matches(sys.argv[1], list(COMMANDS), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        print(f"flashrt-build: no command {sys.argv[1]!r}; {hint}commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        sys.exit(2)
     if "--version" in sys.argv[1:] or "-V" in sys.argv[1:]:  # ours, not Hydra's own version
         from . import __version__
 
@@ -42,6 +48,10 @@ def main() -> None:
     from .cli import main as build_command
 
     build_command()
+
+
+def _a_word(arg: str) -> bool:
+    return arg.isidentifier()
 
 
 if __name__ == "__main__":

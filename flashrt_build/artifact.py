@@ -17,6 +17,7 @@ from typing import Any
 
 SCHEMA = "flashrt_build.manifest/1"
 MANIFEST = "manifest.json"
+STORE_DIR = ".store"  # under the output root: the content-addressed store (cache/store.py)
 PACKAGE = "model.pt2"
 SIDECAR = "weights.safetensors"
 STATE = "state.safetensors"  # initial values of buffers a stateful module mutates
@@ -93,6 +94,11 @@ def _not_as_written(
     if isinstance(size, int) and path.stat().st_size != size:
         return True
     return altered is not None and isinstance(record.get("sha256"), str) and altered(path, record)
+
+
+def build_in(directory: Path) -> dict[str, Any] | None:
+    """The manifest of the build `directory` holds, or None where it holds none."""
+    return _read_manifest(directory / MANIFEST)
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:

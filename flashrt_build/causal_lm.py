@@ -67,7 +67,19 @@ class CausalLM(nn.Module):
         takes = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in takes else "past_key_values"
         self._rehome_plain_tensors()
-        object.__setattr__(self, "_cache", _static_cache(model, batch, max_cache_len))
+        try:
+            object.__setattr__(self, "_cache", _static_cache(model, batch, max_cache_len))
+        except (RuntimeError, MemoryError) as exc:  # the cache's tensors, allocated whole
+            if not isinstance(exc, MemoryError) and "alloc" not in str(exc):
+                raise
+            from .errors import ConfigError, first_lines
+
+            raise ConfigError(
+                "module.batch",
+                batch,
+                f"a KV cache of {batch} sequence(s) of module.max_cache_len={max_cache_len} positions could not be "
+                f"allocated ({first_lines(exc, 1)}); lower either",
+            ) from None
         self._bindings: list[tuple[Any, str, str]] = []
         _rehome(self, self._cache.layers, "kv_", self._bindings, set())
 

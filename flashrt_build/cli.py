@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -121,6 +122,9 @@ def main() -> None:
     try:
         with users_configs_first():
             _hydra_main()
+    except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     except Interrupted as stopped:
         exit_interrupted(stopped, functools.partial(print, file=sys.stderr))
     except SystemExit as exc:

@@ -299,8 +299,11 @@ class _OwnForwardLinear(nn.Linear):
 class HookedProjections(nn.Module):
     """Two projections of one input (as attention's q and k are), the first
     one changed by `kind`: a forward hook doubling its output, a pre-hook
-    counting its calls (`q_calls`), a subclass with its own forward, a weight computed by
-    a parametrization, or nothing ("none": fusable as it is)."""
+    counting its calls (`q_calls`), a subclass with its own forward, a
+    forward set on the layer itself, a weight computed by a parametrization,
+    or nothing ("none": fusable as it is); or the module reading k's tensors
+    beside calling it ("reads_weight"), or writing into its input
+    ("writes_input")."""
 
     def __init__(self, kind: str = "forward_hook", width: int = 8) -> None:
         super().__init__()
@@ -313,14 +316,23 @@ class HookedProjections(nn.Module):
             self.q_proj.register_forward_pre_hook(self._count)
         elif kind == "parametrized":
             torch.nn.utils.parametrize.register_parametrization(self.q_proj, "weight", _Doubled())
-        elif kind not in ("none", "subclass"):
+        elif kind == "instance_forward":
+            plain = self.q_proj.forward
+            self.q_proj.forward = lambda x: plain(x) * 5  # type: ignore[method-assign]
+        elif kind not in ("none", "subclass", "reads_weight", "writes_input"):
             raise ValueError(f"unknown kind {kind!r}")
+        self.kind = kind
 
     def _count(self, layer: nn.Module, args: tuple) -> None:
         self.q_calls += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.q_proj(x) * self.k_proj(x)
+        out = self.q_proj(x) * self.k_proj(x)
+        if self.kind == "reads_weight":  # code that reads a projection's tensors beside calling it
+            out = out + self.k_proj.weight.sum(dim=1) + self.k_proj.bias
+        if self.kind == "writes_input":  # changes its input in place after reading it
+            x.mul_(2)
+        return out
 
 
 class _Doubled(nn.Module):

@@ -1,7 +1,9 @@
 """The sha256 of files a build reads or writes, remembered by what `stat`
 says of them, the way git's index remembers its files: a file whose path,
-size, mtime and inode are unchanged is not read again, so an up-to-date
-check over gigabytes of checkpoint shards costs a few `stat` calls.
+size, mtime, ctime and inode are unchanged is not read again, so an
+up-to-date check over gigabytes of checkpoint shards costs a few `stat`
+calls. The ctime is the kernel's: a copy that keeps the mtime (`cp -p`,
+`touch -r`) still changes it.
 
 Kept in `<output_root>/.store/digests.json`. A file changed within a second
 of being hashed could keep its mtime on a coarse clock (git's "racy" case):
@@ -36,7 +38,7 @@ class DigestCache:
         self._entries: dict[str, dict[str, int | str]] = {}
         self._changed = False
         self.hashed: list[Path] = []  # files read this time (not found or stale in the cache)
-        if self.path is not None:
+        if self.path is not None and self.path.is_file():  # a FIFO there would block the read
             try:
                 loaded = json.loads(self.path.read_text())
                 self._entries = loaded if isinstance(loaded, dict) else {}
@@ -73,6 +75,7 @@ class DigestCache:
         entry: dict[str, int | str] = {
             "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns,
+            "ctime_ns": stat.st_ctime_ns,
             "inode": stat.st_ino,
             "hashed_ns": at_ns if at_ns is not None else time.time_ns(),
             "sha256": digest,
@@ -87,7 +90,7 @@ class DigestCache:
         entry = self._entries.get(str(path))
         if not entry or not _same_stat(entry, stat):
             return None
-        settled = stat.st_mtime_ns + _RACY_NS < int(entry.get("hashed_ns", 0))
+        settled = max(stat.st_mtime_ns, stat.st_ctime_ns) + _RACY_NS < int(entry.get("hashed_ns", 0))
         return str(entry["sha256"]) if settled else None
 
     def save(self, create: bool = False) -> None:
@@ -101,7 +104,7 @@ class DigestCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Another build may have remembered files meanwhile: keep theirs too.
             try:
-                on_disk = json.loads(self.path.read_text())
+                on_disk = json.loads(self.path.read_text()) if self.path.is_file() else {}
             except (OSError, ValueError):
                 on_disk = {}
             merged = {**(on_disk if isinstance(on_disk, dict) else {}), **self._entries}
@@ -116,8 +119,9 @@ class DigestCache:
 
 
 def _same_stat(entry: dict[str, int | str], stat: os.stat_result) -> bool:
-    return (entry.get("size"), entry.get("mtime_ns"), entry.get("inode")) == (
+    return (entry.get("size"), entry.get("mtime_ns"), entry.get("ctime_ns"), entry.get("inode")) == (
         stat.st_size,
         stat.st_mtime_ns,
+        stat.st_ctime_ns,
         stat.st_ino,
     )

@@ -58,6 +58,7 @@ NOT_KEYED = {
     "module.max_cache_len": "reaches the graph through `module.model` and `module.methods`",
     "module.max_prompt": "reaches the graph through `module.methods`",
     "module.batch": "reaches the graph through `module.model` and `module.methods`",
+    "module.name": "names the artifact (the build key's `label`), not its graph: one compile for the same model",
     "target.name": "a label: the device, dtype and TF32 policy it sets are keyed",
     "passes.name": "a label: the switches it sets are keyed, each as it applied (a pass that rewrote nothing as off)",
     "inductor.name": "a label: the options it sets are keyed",
@@ -73,7 +74,7 @@ NOT_KEYED = {
 }
 # Ingredients of the build key that leave the compiled graph as it is: the
 # weights, the loader's defaults, the bounds the package is judged by.
-BUILD_ONLY = ("weights", "serve", "judged")
+BUILD_ONLY = ("weights", "serve", "judged", "label")
 
 
 def input_digests(spec: BuildSpec, digests: DigestCache | None = None) -> dict[str, str]:
@@ -119,6 +120,7 @@ def key_ingredients(
             "checkpoint_rename": [list(rule) for rule in spec.checkpoint_rename],
         },
         "serve": spec.serve_defaults,
+        "label": {"name": spec.name},  # the manifest's name: the artifact's, not the compiled graph's
     }
     if spec.quant is not None:
         ingredients["judged"] = {"quant.max_rel_error": spec.quant.max_rel_error}
@@ -139,7 +141,6 @@ def keyed_config(spec: BuildSpec, idle_passes: frozenset[str] = frozenset()) -> 
             if f.key.startswith("module.model.")}  # fmt: skip
     return {
         "module": {
-            "name": spec.name,
             "model": _content_keyed(dict(spec.model), read),
             "methods": {
                 m.name: {
@@ -195,7 +196,7 @@ def _content_keyed(node: Any, paths: set[str]) -> Any:
 def build_keys(ingredients: dict[str, Any]) -> dict[str, str]:
     graph_key = canonical_sha256({k: v for k, v in ingredients.items() if k not in BUILD_ONLY})
     build = {"graph": graph_key, "weights": ingredients["weights"]}
-    for name in ("serve", "judged"):  # absent from the keys of artifacts built before them
+    for name in ("serve", "judged", "label"):  # absent from the keys of artifacts built before them
         if name in ingredients:
             build[name] = ingredients[name]
     return {"graph_key": graph_key, "build_key": canonical_sha256(build)}

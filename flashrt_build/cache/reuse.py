@@ -63,10 +63,11 @@ def refuse_altered(plan: Plan) -> None:
     unchanged one is not read): a file of its build's name and size but other
     bytes is not the build's to replace. The swap checks the same before it
     deletes anything (publish.py); here it is said before any work."""
-    digests = plan.remembered
-    refuse_foreign(
-        plan.spec.output_dir, str(plan.spec.output_dir), lambda path, record: digests.sha256(path) != record["sha256"]
-    )
+    digests, spec = plan.remembered, plan.spec
+    shown = str(spec.output_dir)
+    if not spec.config.get("output_dir"):  # a folder the user never named: say where it comes from
+        shown += " (derived from output_root, module.name and the config's choices)"
+    refuse_foreign(spec.output_dir, shown, lambda path, record: digests.sha256(path) != record["sha256"])
 
 
 def fill_from_store(plan: Plan, sections: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -118,6 +119,7 @@ def decide(plan: Plan, say_why: bool = True) -> Reuse:
     if not plan.keyed:
         return Reuse("build")
     if spec.force:
+        refuse_altered(plan)  # force rebuilds; it replaces only what a build wrote
         if say_why:
             log.info("%s: forced rebuild (force=true)", spec.name)
         return Reuse("build")

@@ -21,10 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..artifact import MANIFEST, PACKAGE
+from ..artifact import MANIFEST, PACKAGE, STORE_DIR
 from ..runtime.hashing import file_sha256
-
-STORE_DIR = ".store"
 
 
 def link_or_copy(source: Path, dest: Path) -> None:

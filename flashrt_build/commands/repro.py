@@ -16,6 +16,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from ..artifact import MANIFEST, written_files
 from ..errors import ConfigError, command_verdict
@@ -43,6 +44,7 @@ def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
     manifest = read_manifest(output_dir)
     if not manifest.get("release"):
         raise ConfigError("release", False, f"{output_dir} is not a release build; repro checks release=true builds")
+    check_inputs(manifest)
     config = copy.deepcopy(manifest["config"])
     checkpoint = manifest["module"].get("checkpoint")
     if checkpoint:
@@ -60,6 +62,23 @@ def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
                 zipped = zipfile.is_zipfile(output_dir / name) and zipfile.is_zipfile(rebuilt / name)
                 differences[name] = differing_members(output_dir / name, rebuilt / name) if zipped else [name]
     return differences
+
+
+def check_inputs(manifest: dict[str, Any]) -> None:
+    """Every file the release read, as it read it: a rebuild from other
+    inputs would differ for that reason alone, so a changed one is named
+    (cannot check), not blamed on the toolchain."""
+    for entry in manifest.get("build_inputs") or []:
+        path = Path(entry["path"])
+        found = file_sha256(path) if path.is_file() else None
+        if found == entry["sha256"]:
+            continue
+        what = (
+            "is gone"
+            if found is None
+            else f"changed since the release (sha256 {found[:12]}, not {entry['sha256'][:12]})"
+        )
+        raise ConfigError(entry["key"], str(path), f"{what}: repro rebuilds from the inputs the release read")
 
 
 def main(argv: list[str] | None = None) -> int:

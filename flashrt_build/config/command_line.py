@@ -9,13 +9,15 @@ would run that the list does not admit gets the chance to run."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from ..errors import ConfigError
 from .compose import CONF_DIR, compose, composition_error, hydra_loader
-from .paths import check_config_dir
+from .paths import check_config_dir, derive_output_dir
 from .problems import raise_all
 from .schema import plain
 from .targets import allowed_targets, hydra_code_problems
@@ -52,6 +54,7 @@ def check_command_line(argv: Sequence[str]) -> None:
         return  # Hydra's own pages, or a primary config of the user's: Hydra's to compose
     overrides = list(args.overrides)
     jobs = sweep_jobs(overrides, args.config_dir) if args.multirun else [overrides]
+    places: dict[Path, int] = {}  # each job's output directory: two jobs of a sweep never share one
     for number, job in enumerate(jobs, 1):
         try:
             cfg = compose(job, config_dir=args.config_dir, with_hydra=True)
@@ -59,11 +62,42 @@ def check_command_line(argv: Sequence[str]) -> None:
             patterns = allowed_targets(config)
             if patterns:
                 raise_all(hydra_code_problems(config["hydra"], patterns, job, shipped_setup_lines()))
+            if len(jobs) > 1:
+                place = output_dir_of(cfg)
+                if place is not None and place in places:
+                    raise ConfigError(
+                        "output_dir",
+                        str(place),
+                        f"is also sweep job {places[place]}'s: the later build would replace the earlier one; tell "
+                        "them apart with module.name=... (or output_dir=...) per job",
+                    )
+                if place is not None:
+                    places[place] = number
         except ConfigError as exc:
             if len(jobs) == 1:
                 raise
             where = f" (sweep job {number} of {len(jobs)}: {' '.join(job)})"
             raise ConfigError(exc.key, exc.value, exc.expected + where, exc.kind) from None
+
+
+def output_dir_of(cfg: Any) -> Path | None:
+    """Where a composed job's build goes (as resolve_spec derives it); None
+    where that cannot be said yet (the build will say why)."""
+    keys = ["output_root", "output_dir", "variant", "weights", "module.name", "target.name", "inductor.name",
+            "quant.name", "passes.name"]  # fmt: skip
+    try:
+        values = {key: OmegaConf.select(cfg, key, throw_on_missing=True) for key in keys}
+        values = {key: value.value if isinstance(value, Enum) else value for key, value in values.items()}
+    except Exception:  # an interpolation that fails: the job's own check names it
+        return None
+    config: dict[str, Any] = {}
+    for key, value in values.items():
+        group, _, name = key.rpartition(".")
+        (config.setdefault(group, {}) if group else config)[name or key] = value
+    try:
+        return derive_output_dir(config, Path.cwd())
+    except ConfigError:
+        return None
 
 
 def sweep_jobs(overrides: list[str], config_dir: str | None = None) -> list[list[str]]:

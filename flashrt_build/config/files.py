@@ -80,9 +80,20 @@ def directory_files(key: str, value: str, root: Path, skip: Path | None = None) 
     files: list[Path] = []
 
     def visit(folder: Path, above: frozenset[Path]) -> None:
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            where = folder.relative_to(root) if folder != root else Path(".")
+            raise ConfigError(key, value, f"holds {where}, which cannot be read ({exc.strerror or exc})") from None
+        for entry in entries:
             path = Path(entry.path)
-            if entry.is_dir():  # follows links
+            try:
+                is_dir, is_file = entry.is_dir(), entry.is_file()  # both follow links
+            except OSError as exc:
+                raise ConfigError(
+                    key, value, f"holds {path.relative_to(root)}, which cannot be read ({exc.strerror or exc})"
+                ) from None
+            if is_dir:
                 real = path.resolve()
                 if real in above:
                     raise ConfigError(
@@ -93,7 +104,7 @@ def directory_files(key: str, value: str, root: Path, skip: Path | None = None) 
                     )
                 if real != skip:
                     visit(path, above | {real})
-            elif entry.is_file():
+            elif is_file:
                 files.append(path)
                 if len(files) > MAX_DIR_FILES:
                     raise ConfigError(
@@ -130,11 +141,17 @@ def _check_json(key: str, value: str, path: Path) -> None:
     """A tokenizer's JSON file or generation_config.json that does not parse
     is refused at the build, not when a prompt is first served from it."""
     try:
-        json.loads(path.read_bytes())
+        json.loads(path.read_bytes(), parse_constant=_not_json)
     except ValueError as exc:  # JSONDecodeError, or bytes that are no text
         raise ConfigError(
             key, value, f"{path.name} does not parse as JSON ({exc}); serving text from the package reads it as JSON"
         ) from None
+
+
+def _not_json(constant: str) -> None:
+    """NaN and Infinity, which Python's reader takes and JSON has not (a
+    generation config holding one breaks transformers far from here)."""
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 # Files a served model reads beside its package: they key the artifact, not the compiled graph.

@@ -60,7 +60,7 @@ def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: An
         raise ConfigError("module.pretrained", None, "a save_pretrained directory is required: module.pretrained=DIR")
     directory = Path(pretrained).expanduser()
     if what == "files":
-        return [str(directory / name) for name in sorted(SERVING_FILES) if (directory / name).is_file()]
+        return serving_files(pretrained, directory)
     config = text_config(pretrained)
     if what == "vocab_size":
         return _positive(config.get("vocab_size"), "vocab_size", pretrained)
@@ -82,8 +82,24 @@ def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: An
     raise ValueError(f"flashrt_llm: unknown value {what!r}")
 
 
+def serving_files(pretrained: str, directory: Path) -> list[str]:
+    """The serving files a directory holds, each a regular file: one of their
+    names that is something else (a FIFO, a link to a device) is refused, not
+    left out (the served model would lack its tokenizer)."""
+    found = []
+    for name in sorted(SERVING_FILES):
+        path = directory / name
+        if path.is_file():
+            found.append(str(path))
+        elif os.path.lexists(path):
+            raise ConfigError(
+                "module.pretrained", pretrained, f"holds {name}, which is not a regular file: a served file must be one"
+            )
+    return found
+
+
 def _positive(value: Any, name: str, pretrained: str) -> int:
-    if not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError("module.pretrained", pretrained, f"has a config.json whose {name} is {value!r}, not a size")
     return value
 

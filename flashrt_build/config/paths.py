@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..artifact import foreign_entries
+from ..artifact import STORE_DIR, build_in, foreign_entries
 from ..errors import ConfigError
 from .inputs import NAME
 from .problems import Problems
@@ -48,6 +48,9 @@ def check_output_dir(output_dir: Path, output_root: Path, cwd: Path, given: str 
     by its target, which is what would be replaced."""
     value = given if given is not None else str(output_dir)
     shown = value if str(output_dir) == value else f"{value} (resolved: {output_dir})"
+    store = Path(os.path.realpath(output_root / STORE_DIR))
+    if output_dir == store or store in output_dir.parents:
+        raise ConfigError("output_dir", shown, f"is in the build store ({store}), which only the store writes")
     guarded = {
         "the filesystem root": Path("/"),
         "the home directory": Path.home(),
@@ -106,6 +109,8 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
     from omegaconf import OmegaConf
 
     for file in sorted(Path(path).rglob("*.yaml")):
+        if not file.is_file():  # a FIFO would block the read, a device never end
+            raise ConfigError(key, str(path), f"{file} is not a regular file, so not a config")
         try:
             OmegaConf.load(file)
         except Exception as exc:
@@ -141,6 +146,11 @@ def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
     root = (cwd / Path(config["output_root"]).expanduser()).resolve()
     if config.get("output_dir"):
         return (cwd / Path(config["output_dir"]).expanduser()).resolve()  # `~`: the home directory
+    for key in ("target.name", "inductor.name", "quant.name", "passes.name"):  # each names a part of the folder
+        group = key.partition(".")[0]
+        label = (config.get(group) or {}).get("name", "none")
+        if not isinstance(label, str) or not NAME.match(label):
+            raise ConfigError(key, label, "names a part of the output folder: expected letters, digits, '_', '.', '-'")
     parts = [config["target"]["name"], str(config["weights"]), config["inductor"]["name"]]
     for group in ("quant", "passes"):
         if config.get(group, {}).get("name", "none") != "none":
@@ -171,4 +181,25 @@ def resolve_outputs(config: Mapping[str, Any], cwd: Path, problems: Problems) ->
         problems.check(check_writable, output_dir, "output_dir")
         if len(problems) == before:  # what publishing would replace
             problems.check(check_output_dir, output_dir, output_root, cwd, config.get("output_dir"))
+            problems.check(check_same_model, output_dir, config)
     return output_root, output_dir
+
+
+def check_same_model(output_dir: Path, config: Mapping[str, Any]) -> None:
+    """An LLM's folder is named after its directory: the build of another
+    model that lands on it (a directory of the same name elsewhere, or one
+    named like a module) would replace it silently. Refused, naming both."""
+    manifest = build_in(output_dir)
+    if manifest is None:
+        return
+    theirs = ((manifest.get("config") or {}).get("module") or {}).get("pretrained")
+    ours = config["module"].get("pretrained")
+    if theirs == ours:
+        return
+    what = theirs or (manifest.get("module") or {}).get("target")
+    raise ConfigError(
+        "output_dir",
+        str(output_dir),
+        f"holds the build of {what}, another model than {ours or config['module']['model'].get('_target_')}: "
+        "remove it, or keep both with module.name=NAME (or output_dir=DIR)",
+    )

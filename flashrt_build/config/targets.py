@@ -161,6 +161,8 @@ def check_allow_list_source(composed: Any, overrides: Sequence[str]) -> None:
     only the command line (or the API's overrides). A module file with
     `# @package _global_` that widened it would admit the code it names."""
     given, value = command_line_value(overrides, "allowed_targets")
+    if given and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+        raise ConfigError("allowed_targets", value, "expected a list of fnmatch patterns (strings): [mymodels.*]")
     expected = value if given else []
     found = [] if composed is None else composed
     if found != expected:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -135,11 +136,14 @@ def unfused_view(
 ) -> list[Mapping[str, Any]]:
     """A package of fused projections (`passes`) as a checkpoint that names
     the unfused tensors sees it, where it does: each fused tensor's rows, by
-    the names the manifest maps them to (what `load` fuses at load)."""
+    the names the manifest maps them to (what `load` fuses at load). Where
+    the checkpoint names some of a fused tensor's parts, the fused tensor is
+    seen as its parts too, so a part it lacks is named missing (k_proj), not
+    the fused tensor, with the parts it has named unexpected."""
     by_fqn = {e["fqn"]: e for e in entries}
     for name, parts in fused_tensors(manifest):
         whole = by_fqn.get(name)
-        if whole is None or name in names or not all(part in names for part, _ in parts):
+        if whole is None or name in names or not any(part in names for part, _ in parts):
             continue
         del by_fqn[name]
         for part, (start, end) in parts:
@@ -179,6 +183,13 @@ def loading_pretrained(key: str, value: object) -> Iterator[None]:
         yield
     except Exception as exc:
         cause = exc.__cause__ if exc.__cause__ is not None else exc  # as raised, or as Hydra wrapped it
+        if _unpickling_refused(cause):
+            raise ConfigError(
+                key,
+                value,
+                "holds a torch checkpoint that unpickles only by running code (torch's weights_only load refused "
+                "it; none of it ran): save its weights as safetensors",
+            ) from None
         if not (isinstance(cause, ValueError) and "trust_remote_code" in str(cause)):
             raise
         raise ConfigError(
@@ -190,6 +201,18 @@ def loading_pretrained(key: str, value: object) -> Iterator[None]:
         ) from None
     finally:
         logger.setLevel(level)
+
+
+def _unpickling_refused(exc: BaseException) -> bool:
+    """Did torch's weights_only load refuse a pickle somewhere in this chain?"""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, pickle.UnpicklingError) or "Weights only load failed" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def check_loading_report(report: Mapping[str, Any], key: str, value: object) -> None:

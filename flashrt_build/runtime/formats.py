@@ -7,7 +7,9 @@ the key, the file and why."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import stat
 import struct
 import zipfile
@@ -21,12 +23,14 @@ from .dtypes import ITEMSIZE
 _MAX_HEADER = 100 << 20  # safetensors' own limit
 
 
-# What save_pretrained writes, in the order a directory is searched for it.
+# What save_pretrained writes, in the order transformers' from_pretrained
+# searches a directory for it: where a directory holds two (a lone file beside
+# an index), the build, `load(weights=DIR)` and `check` read the one it reads.
 HF_LAYOUTS = (
-    ("model.safetensors.index.json", "safetensors"),
     ("model.safetensors", "safetensors"),
-    ("pytorch_model.bin.index.json", "torch"),
+    ("model.safetensors.index.json", "safetensors"),
     ("pytorch_model.bin", "torch"),
+    ("pytorch_model.bin.index.json", "torch"),
 )
 
 
@@ -144,12 +148,12 @@ def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
     in it, an index that is not one, or that names a shard outside the
     directory or one that is not there."""
     if not path.exists():
-        raise ConfigError(key, value, f"no such file or directory ({path})")
+        raise ConfigError(key, value, _missing(path))
     if not path.is_dir():
         if not path.is_file():  # /dev/zero never ends, a FIFO never answers
             raise ConfigError(key, value, f"is {_special(path)}, not a checkpoint file")
         return Checkpoint(path, (path,), _file_format(key, value, path))
-    for name, fmt in HF_LAYOUTS:
+    for name, fmt in _layouts(key, value, path):
         found = path / name
         if found.is_file():
             if not name.endswith(".index.json"):
@@ -158,9 +162,26 @@ def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
             shards = [path / shard for shard in dict.fromkeys(weight_map.values())]
             for shard in shards:
                 _expect(key, value, shard, fmt, found)
+            if fmt == "safetensors":
+                _check_placement(key, value, path, found.name, weight_map)
             return Checkpoint(path, tuple(shards), fmt, weight_map)
     expected = ", ".join(name for name, _ in HF_LAYOUTS)
     raise ConfigError(key, value, f"is a directory holding no checkpoint: expected one of {expected}")
+
+
+def _layouts(key: str, value: str, directory: Path) -> tuple[tuple[str, str], ...]:
+    """Where to look for a directory's weights: the file its config.json names
+    (`transformers_weights`, which transformers reads first), else HF_LAYOUTS."""
+    try:
+        named = json.loads((directory / "config.json").read_text()).get("transformers_weights")
+    except (OSError, ValueError, AttributeError):
+        return HF_LAYOUTS
+    if not isinstance(named, str):
+        return HF_LAYOUTS
+    if not named or named != Path(named).name or named in (".", ".."):
+        raise ConfigError(key, value, f"has a config.json whose transformers_weights names {named!r}: not a file in it")
+    fmt = "safetensors" if ".safetensors" in named else "torch"
+    return ((named, fmt),)
 
 
 def check_pretrained_dir(key: str, value: str, path: Path) -> None:
@@ -199,6 +220,34 @@ def _weight_map(key: str, value: str, index: Path) -> dict[str, str]:
                 f"holds {index.name}, whose weight_map names {shard!r}: a shard must be a file in that directory",
             )
     return weight_map
+
+
+def _missing(path: Path) -> str:
+    """Why a path names nothing: not there, a link to nothing, or a link loop."""
+    if not os.path.islink(path):
+        return f"no such file or directory ({path})"
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"is a link loop ({path} -> {os.readlink(path)} ... leads back to itself)"
+    return f"is a link to {os.readlink(path)}, which does not exist"
+
+
+def _check_placement(key: str, value: str, directory: Path, index: str, weight_map: Mapping[str, str]) -> None:
+    """Each tensor in the shard its index places it in (their headers alone
+    are read): a loader trusting the index finds it missing, one reading the
+    shards finds it elsewhere."""
+    held: dict[str, set[str]] = {}
+    for shard in dict.fromkeys(weight_map.values()):
+        with open(directory / shard, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            held[shard] = {name for name in json.loads(f.read(length)) if name != "__metadata__"}
+    for name, shard in weight_map.items():
+        if name not in held[shard]:
+            elsewhere = next((other for other, names in held.items() if name in names), None)
+            where = f"; {elsewhere} holds it" if elsewhere else "; no shard holds it"
+            raise ConfigError(key, value, f"holds {index}, which places {name} in {shard}, which lacks it{where}")
 
 
 def _special(path: Path) -> str:

@@ -69,10 +69,12 @@ def _found(checkpoint: Checkpoint, files: CheckpointFiles, rename: Sequence[tupl
             target = _renamed(name, rename)
             if target in found:
                 first = found[target][1]
+                rules = [{"pattern": pattern, "replace": replace} for pattern, replace in rename]
                 raise ConfigError(
                     "module.checkpoint_rename" if rename else "module.checkpoint",
-                    str(checkpoint.path),
-                    f"two checkpoint tensors, {first} and {name}, both name the module's {target}",
+                    rules if rename else str(checkpoint.path),
+                    f"two checkpoint tensors, {first} and {name}, both name the module's {target}"
+                    + (f" (in {checkpoint.path})" if rename else ""),
                 )
             found[target] = (file, name, shape, dtype)
     return found

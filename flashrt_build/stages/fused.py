@@ -60,3 +60,27 @@ class FusedSlice(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._shared.slice_of(self.index, x)
+
+    # The layer's own tensors, as code that read them before the fusion reads
+    # them now: views of its rows of the fused ones.
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._shared.weight[self._rows]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        bias = self._shared.bias
+        return None if bias is None else bias[self._rows]
+
+    @property
+    def in_features(self) -> int:
+        return self._shared.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self._shared.rows[self.index]
+
+    @property
+    def _rows(self) -> slice:
+        start = sum(self._shared.rows[: self.index])
+        return slice(start, start + self._shared.rows[self.index])

@@ -221,6 +221,8 @@ def unfaithful(layer: nn.Module) -> str | None:
         return "has a forward hook or pre-hook, which a fused layer would not call"
     if type(layer).forward is not nn.Linear.forward or type(layer).__call__ is not nn.Module.__call__:
         return f"is a {type(layer).__qualname__}, which overrides nn.Linear's forward"
+    if "forward" in vars(layer):
+        return "has a forward of its own, set on the layer itself"
     if type(layer.weight) is not nn.Parameter:
         return f"has a weight of {type(layer.weight).__name__} (a parametrization, a tensor subclass), not a Parameter"
     if global_forward_hooks():

@@ -111,7 +111,8 @@ def run_eager(
     with torch.no_grad():
         for call in calls:
             method = call.method
-            args, kwargs = method.call_args(call.inputs)
+            # copies: a module that writes into its input must not change what the package is given
+            args, kwargs = method.call_args({name: value.clone() for name, value in call.inputs.items()})
             try:
                 with swapped_weights(module, quantized.methods.get(method.name, {}) if quantized else {}):
                     out = getattr(module, method.attr)(*args, **kwargs, **method.kwargs)

@@ -51,7 +51,6 @@ def _schema_keys(cls: type, prefix: str = "") -> list[str]:
 
 # Each key the build key reads, with a change of it: (module, overrides it changes from, its change).
 KEYED = {
-    "module.name": ("mlp", [], ["module.name=mlp_b"]),
     "module.model": ("mlp", [], ["module.model.hidden=32"]),
     "module.inputs": ("mlp", [], ["module.inputs.x.shape=[8,16]"]),
     "module.kwargs": ("mlp", [], ["+module.kwargs.scale=2"]),
@@ -90,6 +89,7 @@ UNKEYED = {
     "target.name": ([], ["target.name=mine"], False),
     "inductor.name": ([], ["inductor.name=mine"], False),
     "passes.name": ([], ["passes.name=mine"], False),
+    "module.name": ([], ["module.name=mlp_b"], True),
     "quant.devices": (["quant=int8_wo"], ["quant.devices=[cpu]"], False),
     "quant.rtol": (["quant=int8_wo"], ["quant.rtol=0.1"], False),
     "seed": ([], ["seed=3"], True),

@@ -6,6 +6,7 @@ directory's own code is asked about or run."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -89,6 +90,25 @@ def test_a_shard_that_is_a_link_is_read_and_keyed_by_what_it_holds(llama_dir: Pa
     shards = [f for f in plan.spec.input_files if f.name.endswith(".safetensors")]
     assert shards and all(f.path.is_symlink() for f in shards)
     assert {f.label for f in shards} <= set(plan.digests)
+
+
+def test_a_directory_of_two_checkpoints_is_read_as_transformers_reads_it(llama_dir: Path, tmp_path: Path) -> None:
+    """A lone model.safetensors beside an index: transformers loads the lone
+    file, and so must load(weights=DIR) and check, or they compare the build
+    with other weights; a config.json's transformers_weights wins over both."""
+    from flashrt_build.runtime.formats import resolve_checkpoint
+
+    model = copy_of(llama_dir, tmp_path / "model")
+    tensors = {k: v * 0.5 for f in sorted(model.glob("model-*.safetensors")) for k, v in load_file(f).items()}
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    assert resolve_checkpoint("weights", str(model), model).files == (model / "model.safetensors",)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "transformers_weights": "model.safetensors.index.json"}))
+    chosen = resolve_checkpoint("weights", str(model), model)
+    assert chosen.weight_map and model / "model.safetensors" not in chosen.files
+    (model / "config.json").write_text(json.dumps({**config, "transformers_weights": "../x.safetensors"}))
+    with pytest.raises(ConfigError, match=r"transformers_weights names '\.\./x\.safetensors': not a file in it"):
+        resolve_checkpoint("weights", str(model), model)
 
 
 def test_a_link_loop_is_named_never_walked(llama_dir: Path, tmp_path: Path) -> None:
@@ -236,3 +256,31 @@ def test_without_trust_remote_code_no_prompt_and_no_code_runs(llama_dir: Path, t
     known = with_code(copy_of(llama_dir, tmp_path / "known"), marker, "llama")
     module = instantiate_module(make_plan(compose(llm(known, tmp_path / "out"))).spec)
     assert type(module._model).__module__.startswith("transformers.") and not marker.exists()
+
+
+@pytest.mark.slow
+def test_weights_that_unpickle_only_by_running_code_or_a_cache_too_large_are_config_errors(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    """A pytorch_model.bin whose pickle calls os.system: torch's weights_only
+    load refuses it (nothing runs), said as the directory's, exit 2 as for
+    module.checkpoint; a batch whose KV cache cannot be allocated names module.batch."""
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (os.system, (f"touch {marker}",))
+
+    model = tmp_path / "pickled"
+    model.mkdir()
+    shutil.copy(llama_dir / "config.json", model / "config.json")
+    (model / "pytorch_model.bin").write_bytes(pickle.dumps({"model.embed_tokens.weight": Payload()}))
+    from flashrt_build.stages.module import instantiate_module
+
+    with pytest.raises(ConfigError, match=r"'module.pretrained' = .*unpickles only by running code"):
+        instantiate_module(make_plan(compose(llm(model, tmp_path / "out"))).spec)
+    assert not marker.exists()
+    with pytest.raises(ConfigError, match=r"'module.batch' = 100000000: a KV cache of 100000000 sequence"):
+        instantiate_module(make_plan(compose(llm(llama_dir, tmp_path / "out", "module.batch=100000000"))).spec)

@@ -64,6 +64,15 @@ def test_a_file_the_build_did_not_write_is_judged_by_its_record(
     with pytest.raises(ConfigError, match=r"model.pt2 \(not the file its build wrote\)"):
         publish(staging, out)
     assert package.read_bytes() == bytes(data)
+    # a build says so before any work, by digest (remembered by stat), force=true or not
+    from flashrt_build.cache.plan import make_plan
+    from flashrt_build.cache.reuse import decide
+
+    for force in ("false", "true"):
+        plan = make_plan(compose(["+module=mlp", f"output_dir={out}", f"output_root={tmp_path}", f"force={force}"]))
+        with pytest.raises(ConfigError, match=r"model.pt2 \(not the file its build wrote\)"):
+            decide(plan)
+    assert package.read_bytes() == bytes(data)
 
 
 def test_store_clean_removes_only_store_entries(tmp_path: Path) -> None:

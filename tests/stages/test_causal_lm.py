@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,8 @@ from llm_families import FAMILIES, save_family, transformers_tokens
 
 import flashrt_build
 from flashrt_build.config.compose import compose
+from flashrt_build.config.spec import resolve_spec
+from flashrt_build.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -145,6 +149,11 @@ def test_a_sweep_over_directories_gives_each_its_folder_and_reuses_the_compile(
     folder = "cpu-external-default-module.max_cache_len_64-module.max_prompt_32"
     assert (root / model_dir.name / folder).is_dir()  # each named after its model's directory
     other = root / "retrained" / folder
+    # another model in a directory of the fixture's name would land on its build: refused, naming both
+    namesake = shutil.copytree(retrained, tmp_path / "elsewhere" / model_dir.name)
+    sizes = ["module.max_cache_len=64", "module.max_prompt=32", "weights=external", f"output_root={root}"]
+    with pytest.raises(ConfigError, match=rf"holds the build of {re.escape(str(model_dir))}, another model than"):
+        resolve_spec(compose(["+module=causal_lm", f"module.pretrained={namesake}", *sizes]))
     assert "compile" not in sweep.stderr.replace("compile      skipped", "")  # each reused the fixture's package
     tokens = flashrt_build.generate(flashrt_build.load(other), PROMPT, 9).tokens
     assert tokens.tolist() == transformers_tokens(retrained, PROMPT, 9).tolist()

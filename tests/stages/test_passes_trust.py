@@ -49,6 +49,7 @@ def passed(root: Path, kind: str) -> tuple[nn.Module, nn.Module, dict, str]:
         ("pre_hook", "has a forward hook or pre-hook"),
         ("subclass", "is a _OwnForwardLinear, which overrides nn.Linear's forward"),
         ("parametrized", "has a weight of Tensor (a parametrization, a tensor subclass)"),
+        ("instance_forward", "has a forward of its own, set on the layer itself"),
     ],
 )
 def test_a_layer_a_fused_matmul_would_not_reproduce_is_left_as_it_is_and_said(
@@ -71,6 +72,30 @@ def test_the_same_layers_without_a_hook_are_fused(tmp_path: Path) -> None:
     assert record["fuse_projections"]["left"] == []
     with torch.no_grad():
         torch.testing.assert_close(module(X), original(X))
+
+
+def test_code_that_reads_a_fused_layers_tensors_reads_its_rows(tmp_path: Path) -> None:
+    """A module that reads `self.k_proj.weight` beside calling it: the slice
+    standing for k_proj serves its rows of the fused tensors (it raised
+    AttributeError at export, blamed on the inputs)."""
+    original, module, record, _ = passed(tmp_path, "reads_weight")
+    assert [g["weight"] for g in record["fuse_projections"]["fused"]] == ["q_proj__k_proj.weight"]
+    assert torch.equal(module.k_proj.weight, original.k_proj.weight) and module.k_proj.out_features == 8
+    with torch.no_grad():
+        torch.testing.assert_close(module(X), original(X))
+
+
+def test_the_reference_runs_on_copies_of_the_inputs(tmp_path: Path) -> None:
+    """A module that writes into its input: the calls the package is given
+    are as they were drawn, not as the eager reference left them."""
+    from flashrt_build.stages.reference import plan_calls, reference_stage
+
+    cfg = compose(["+module=hooked", "module.model.kind=writes_input"], config_dir=hooked_conf(tmp_path))
+    plan = make_plan(cfg)
+    module = instantiate_stage(plan.spec, plan.digests).value
+    referenced = reference_stage(module, plan.spec).value.calls
+    for call, drawn in zip(referenced, plan_calls(plan.spec, plan.spec.repeat), strict=True):  # the same seeds
+        assert all(torch.equal(call.inputs[name], drawn.inputs[name]) for name in drawn.inputs), call.label
 
 
 def test_a_global_forward_hook_keeps_every_layer_apart(tmp_path: Path) -> None:

@@ -313,7 +313,7 @@ def test_a_directory_without_a_checkpoint_and_missing_names_are_counted(
 ) -> None:
     (tmp_path / "empty").mkdir()
     said = refused(tmp_path, "+module=mlp", f"module.checkpoint={tmp_path / 'empty'}")
-    assert "is a directory holding no checkpoint: expected one of model.safetensors.index.json" in said
+    assert "holding no checkpoint: expected one of model.safetensors, model.safetensors.index.json" in said
     said = refused(tmp_path, "+module=mlp", f"module.checkpoint={trained['gpt2']}")
     assert (
         "does not fit the module: 7 missing: fc1.bias, fc1.weight, fc2.bias, fc2.weight, norm.bias and 2 more" in said

@@ -1,0 +1,142 @@
+"""Refusals before any work, each naming the key a user set: odd files where
+configs, checkpoints or served files should be, names that would put builds
+on top of each other, values of the wrong kind. Nothing is compiled."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from llm_families import save_family
+from safetensors.torch import load_file, save_file
+
+from flashrt_build.cache.digests import DigestCache
+from flashrt_build.cache.plan import make_plan
+from flashrt_build.config.command_line import check_command_line
+from flashrt_build.config.compose import compose
+from flashrt_build.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_family("llama", tmp_path_factory.mktemp("refusals") / "llama")
+
+
+def copy_of(source: Path, where: Path) -> Path:
+    shutil.copytree(source, where)
+    return where
+
+
+def llm(directory: Path | str, root: Path, *more: str) -> list[str]:
+    return ["+module=causal_lm", f"module.pretrained={directory}", "module.max_cache_len=32", f"output_root={root}",
+            *more]  # fmt: skip
+
+
+def refused(overrides: list[str], config_dir: Path | None = None) -> ConfigError:
+    with pytest.raises(ConfigError) as raised:
+        make_plan(compose(overrides, config_dir=config_dir))
+    return raised.value
+
+
+def test_two_jobs_of_a_sweep_that_would_share_a_folder_are_refused(llama_dir: Path, tmp_path: Path) -> None:
+    """Two directories of one name: each job's folder is named after it, and
+    the later build replaced the earlier one in silence."""
+    a = copy_of(llama_dir, tmp_path / "a" / "llama")
+    b = copy_of(llama_dir, tmp_path / "b" / "llama")
+    with pytest.raises(ConfigError, match=r"'output_dir' = .*llama/cpu-baked-default.*: is also sweep job 1's.*"
+                                          r"module.name=.*\(sweep job 2 of 2"):  # fmt: skip
+        check_command_line(["-m", "+module=causal_lm", f"module.pretrained={a},{b}", f"output_root={tmp_path}"])
+    check_command_line(["-m", "+module=causal_lm", f"module.pretrained={a}", f"output_root={tmp_path}", "seed=1,2"])
+
+
+@pytest.mark.parametrize("key", ["passes.name", "target.name", "inductor.name", "quant.name"])
+def test_a_label_that_names_a_part_of_the_folder_must_be_a_name(key: str, tmp_path: Path) -> None:
+    problem = refused(["+module=mlp", f"{key}=../../x", f"output_root={tmp_path}"])
+    assert problem.key == key and "names a part of the output folder" in str(problem)
+
+
+def test_an_output_dir_in_the_store_is_refused(tmp_path: Path) -> None:
+    problem = refused(["+module=mlp", f"output_root={tmp_path}", f"output_dir={tmp_path / '.store' / 'x'}"])
+    assert problem.key == "output_dir" and "is in the build store" in str(problem)
+
+
+def test_odd_values_and_files_in_a_pretrained_directory_are_named(llama_dir: Path, tmp_path: Path) -> None:
+    model = copy_of(llama_dir, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": True}))
+    assert "whose vocab_size is True, not a size" in str(refused(llm(model, tmp_path / "out")))
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "generation_config.json").write_text('{"temperature": NaN}')
+    problem = refused(llm(model, tmp_path / "out"))
+    assert problem.key.startswith("module.files.") and "NaN is not a JSON value" in str(problem)
+    (model / "generation_config.json").unlink()
+    os.mkfifo(model / "tokenizer.json")  # would block a read: refused, never opened
+    problem = refused(llm(model, tmp_path / "out"))
+    assert problem.key == "module.pretrained" and "holds tokenizer.json, which is not a regular file" in str(problem)
+
+
+def test_an_index_that_places_a_tensor_in_the_wrong_shard_is_named(llama_dir: Path, tmp_path: Path) -> None:
+    model = copy_of(llama_dir, tmp_path / "model")
+    index = model / "model.safetensors.index.json"
+    content = json.loads(index.read_text())
+    shards = sorted(set(content["weight_map"].values()))
+    name = next(n for n, shard in content["weight_map"].items() if shard == shards[0])
+    content["weight_map"][name] = shards[1]
+    index.write_text(json.dumps(content))
+    problem = refused(llm(model, tmp_path / "out"))
+    assert f"places {name} in {shards[1]}, which lacks it; {shards[0]} holds it" in str(problem)
+
+
+def test_a_checkpoint_that_is_a_link_loop_is_named(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    problem = refused(["+module=mlp", f"module.checkpoint={tmp_path / 'a'}", f"output_root={tmp_path / 'out'}"])
+    assert problem.key == "module.checkpoint" and "is a link loop" in str(problem)
+
+
+def test_a_fifo_where_a_config_or_the_digests_should_be_blocks_nothing(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    (conf / "module").mkdir(parents=True)
+    os.mkfifo(conf / "module" / "stuck.yaml")
+    problem = refused(["+module=mlp"], config_dir=conf)
+    assert problem.key == "config_dir" and "stuck.yaml is not a regular file" in str(problem)
+    store = tmp_path / ".store"
+    store.mkdir()
+    os.mkfifo(store / "digests.json")
+    assert DigestCache(store).known(conf) is None  # read nothing from the FIFO, and returned
+
+
+def test_an_allow_list_of_other_than_patterns_is_said_as_such(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'allowed_targets' = \[123\]: expected a list of fnmatch patterns"):
+        compose(["+module=mlp", "allowed_targets=[123]"])
+
+
+def test_a_misspelt_command_is_named_with_the_closest() -> None:
+    done = subprocess.run([sys.executable, "-m", "flashrt_build", "genrate", "out"], capture_output=True, text=True)
+    assert done.returncode == 2 and "no command 'genrate'; did you mean generate?" in done.stderr
+
+
+def test_repro_names_an_input_that_changed_since_the_release(tmp_path: Path) -> None:
+    from flashrt_build.commands.repro import check_inputs
+    from flashrt_build.runtime.hashing import file_sha256
+
+    shard = tmp_path / "model.safetensors"
+    save_file({"w": load_file(str(save_tiny(tmp_path)))["w"]}, str(shard))
+    entry = {"key": "module.pretrained", "path": str(shard), "sha256": file_sha256(shard)}
+    check_inputs({"build_inputs": [entry]})
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\1")
+    with pytest.raises(ConfigError, match=r"'module.pretrained' = .*model.safetensors.*changed since the release"):
+        check_inputs({"build_inputs": [entry]})
+
+
+def save_tiny(where: Path) -> Path:
+    import torch
+
+    path = where / "tiny.safetensors"
+    save_file({"w": torch.ones(2)}, str(path))
+    return path
