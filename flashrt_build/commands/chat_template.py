@@ -63,7 +63,14 @@ def render(template: str, messages: list[dict[str, str]], variables: Mapping[str
         raise _refused(source, f"its render process failed ({said})") from None
     if "error" in answer:
         raise _refused(source, answer["error"])
-    return answer["text"]
+    text = answer["text"]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # `{{ '\\ud800' }}`: no tokenizer encodes it
+        raise _refused(
+            source, f"it renders a lone surrogate ({text[exc.start]!r} at character {exc.start}), which is not text"
+        ) from None
+    return text
 
 
 def _refused(source: Path, why: str) -> ChatTemplateError:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import math
 import os
@@ -32,8 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..artifact import MANIFEST
-from ..config.files import SERVING_FILES
+from ..artifact import foreign_entries
 from ..errors import (
     ArtifactError,
     FlashrtError,
@@ -42,9 +42,9 @@ from ..errors import (
     report_failure,
     stop_on_signals,
 )
-from ..runtime.hashing import check_served_files
-from ..runtime.manifest import manifest_methods, read_manifest
-from .text import Stream, argument, eos_tokens, print_speed, prompt_ids
+from ..runtime.hashing import altered_digest, check_served_files
+from ..runtime.manifest import NoBuild, manifest_methods, read_manifest
+from .text import MAX_SEED, StdoutError, Stream, argument, eos_tokens, parse_ids, print_speed, prompt_ids
 
 PROG = "python -m flashrt_build.generate"
 DESCRIPTION = (
@@ -107,13 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     stream = Stream()
     try:
         try:
+            _check_stdout()
             return _generate(args, stream)
         except BrokenPipeError:
             return _pipe_closed()
+        except StdoutError as exc:  # /dev/full: one line; the buffered tokens cannot be written at exit either
+            _stdout_to_devnull()
+            return report_failure(log, exc, "generate failed").exit_code
         except Exception as exc:  # raised on purpose or not: one line, the exit code of its kind
             return report_failure(log, exc, "generate failed").exit_code
     except Interrupted as stopped:
-        with contextlib.suppress(OSError):  # stdout may be a closed pipe
+        with contextlib.suppress(OSError, StdoutError):  # stdout may be a closed pipe, a full disk
             stream.end_line()
         name = signal.Signals(stopped.signum).name
         exit_interrupted(stopped, lambda _: print(f"interrupted by {name}: generation stopped", file=sys.stderr))
@@ -131,19 +135,45 @@ def _report_to_stderr() -> None:
 def _pipe_closed() -> int:
     """The reader is gone (`| head -c 5`): stop, and leave nothing for the
     interpreter's last flush to complain about."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    _stdout_to_devnull()
     return EXIT_PIPE_CLOSED
+
+
+def _stdout_to_devnull() -> None:
+    """What is left in stdout's buffer goes nowhere at exit (it could not be
+    written: a closed pipe, a full disk), rather than as "Exception ignored"."""
+    with contextlib.suppress(OSError, ValueError):  # no descriptor to replace: nothing will be flushed to it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _check_stdout() -> None:
+    """The continuation goes to stdout: with stdout closed (`>&-`) every
+    token would be lost, silently (Python's print writes nowhere then)."""
+    stdout = sys.stdout
+    if stdout is None:
+        raise UsageError("cannot write to stdout: it is closed (>&-), and every generated token would be lost")
+    try:
+        os.fstat(stdout.fileno())
+    except io.UnsupportedOperation:  # a stream of Python's own (a test's capture): written as any other
+        return
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f"cannot write to stdout: it is closed ({exc}), and every generated token would be lost"
+        ) from None
 
 
 def _generate(args: argparse.Namespace, stream: Stream) -> int:
     sampling = _sampling(args)
+    if args.prompt_ids is not None:
+        parse_ids(args.prompt_ids)  # a malformed list is the command line's mistake, named before anything is read
     manifest = _manifest(args.output_dir)
     _check_methods(args.output_dir, manifest)
     _check_served(args.output_dir, manifest)
     tokenizer, ids = prompt_ids(args, manifest)
     torch, load, generate = _runtime()
-    device = _device(args.device, manifest, torch)
+    device = _device(args.device, manifest)
     model = load(args.output_dir, device=device, threads=_threads(args.threads, device))
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
     stream.tokenizer = tokenizer
@@ -166,17 +196,20 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
         raise argument("--top-k", args.top_k, "expected an integer >= 1")
     if args.top_p is not None and not 0 < args.top_p <= 1:  # NaN too
         raise argument("--top-p", args.top_p, "expected a number in (0, 1]")
+    if args.seed is not None and not 0 <= args.seed < MAX_SEED:
+        raise argument("--seed", args.seed, "expected 0 <= seed < 2**63")
+    if args.threads is not None and args.threads < 1:
+        raise argument("--threads", args.threads, "expected a thread count >= 1")
     return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
 
 
 def _manifest(output_dir: Path) -> dict[str, Any]:
-    """The build's manifest; a directory that holds no build is the command line's mistake."""
+    """The build's manifest; a directory that holds no build (no manifest, or
+    a FIFO or a device in its place) is the command line's mistake."""
     try:
         return read_manifest(output_dir)
-    except ArtifactError as exc:
-        if not (output_dir / MANIFEST).exists():
-            raise UsageError(str(exc)) from None
-        raise
+    except NoBuild as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_methods(output_dir: Path, manifest: dict[str, Any]) -> None:
@@ -192,23 +225,29 @@ def _check_methods(output_dir: Path, manifest: dict[str, Any]) -> None:
 def _check_served(output_dir: Path, manifest: dict[str, Any]) -> None:
     """Every file a tokenizer reads is one the build wrote, as it wrote it:
     listed in the manifest, its digest matching (an edited or added
-    tokenizer file changes the prompt's ids and the text)."""
-    check_served_files(output_dir, manifest)
-    listed = {record["file"] for record in manifest.get("files") or []}
-    unlisted = sorted(name for name in SERVING_FILES if name not in listed and (output_dir / name).exists())
-    if unlisted:
+    tokenizer file changes the prompt's ids and the text). No entry of the
+    directory is left out of that: transformers reads more than any fixed
+    list of names (`additional_chat_templates/*.jinja` replaces the chat
+    template), so anything the manifest does not list is refused, before a
+    tokenizer reads a byte."""
+    check_served_files(output_dir, manifest)  # an edited served file, named with both digests
+    served = {record["file"] for record in manifest.get("files") or []}
+
+    def altered(path: Path, record: Any) -> bool:  # the package and its weights: `load` checks their digests
+        return path.name in served and altered_digest(path, record) is not None
+
+    foreign = foreign_entries(output_dir, altered)
+    if foreign:
         raise ArtifactError(
-            f"{output_dir / unlisted[0]} is not a file its build wrote (the manifest's files do not list it) and "
-            "a tokenizer would read it; refusing to serve from it"
+            f"{output_dir} holds entries its build did not write (its manifest does not list them), which a "
+            f"tokenizer may read: {', '.join(foreign)}; refusing to serve from it"
         )
 
 
 def _threads(given: int | None, device: Any) -> int | None:
     """The CPU threads of a CPU package's calls: as given, else the cores
     other work leaves idle (every thread past them waits on a busy core)."""
-    if given is not None and given < 1:
-        raise argument("--threads", given, "expected a thread count >= 1")
-    if given is not None or device.type != "cpu":
+    if given is not None or device.type != "cpu":  # a count below 1 was refused with the other flags
         return given
     from ..runtime.threads import idle_cpus
 
@@ -230,22 +269,9 @@ def _runtime() -> tuple[Any, Any, Any]:
     return torch, load, generate
 
 
-def _device(given: str | None, manifest: dict[str, Any], torch: Any) -> Any:
-    """The device to run on, refused naming --device where the package cannot run there."""
-    target = manifest["target"]["device"]
-    name = given if given is not None else target
-    origin = "" if given is not None else " (the build's target; --device was not given)"
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise argument("--device", name, "expected cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise argument("--device", name, f"no CUDA device is usable on this machine{origin}")
-        if (device.index or 0) >= count:
-            raise argument("--device", name, f"this machine has {count} CUDA device(s){origin}")
-    built = torch.device(target).type
-    if device.type != built:
-        raise argument("--device", name, f"the package was built for {target} (target.device): its code runs there")
-    return device
+def _device(given: str | None, manifest: dict[str, Any]) -> Any:
+    """The device to run on, refused naming --device where the package cannot
+    run there (the check `load` makes of its `device` argument)."""
+    from ..runtime.gpu import check_device
+
+    return check_device(given, manifest["target"]["device"], "--device")

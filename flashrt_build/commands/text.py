@@ -8,15 +8,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArtifactError, ConfigError
+from ..errors import ArtifactError, ConfigError, FlashrtError
 from ..runtime.manifest import manifest_methods
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+MAX_SEED = 2**63  # --seed is from 0 to this, less one (torch's generator takes an int64)
+TOKEN_ID = re.compile(r"[+-]?[0-9]+")
+
+
+class StdoutError(FlashrtError):
+    """The continuation could not be written to stdout (a full disk, an I/O
+    error; a reader that closed the pipe is not one: that ends quietly)."""
 
 
 def argument(flag: str, value: object, expected: str) -> ConfigError:
@@ -29,7 +37,7 @@ def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any,
     if args.prompt_ids is not None:
         if args.chat:
             raise argument("--chat", True, "applies to --prompt's text; --prompt-ids are token ids already")
-        ids = _parse_ids(args.prompt_ids)
+        ids = parse_ids(args.prompt_ids)
         _check_vocabulary(ids, manifest, "--prompt-ids", args.prompt_ids)
         return None, ids
     text = _utf8(args.prompt)
@@ -41,14 +49,16 @@ def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any,
     return tokenizer, ids
 
 
-def _parse_ids(given: str) -> list[int]:
-    try:
-        ids = [int(i) for i in given.split(",") if i.strip()]
-    except ValueError:
-        ids = []
-    if not ids:
-        raise argument("--prompt-ids", given, "expected token ids separated by commas (1,2,3)")
-    return ids
+def parse_ids(given: str) -> list[int]:
+    """Token ids separated by commas, each an integer: an empty or other item
+    is refused by its place, never dropped (`1,,2` is not the prompt [1, 2])."""
+    items = given.split(",")
+    for place, item in enumerate(items, 1):
+        if not TOKEN_ID.fullmatch(item.strip()):
+            what = "is empty" if not item.strip() else f"{item.strip()!r} is not an integer"
+            expected = f"item {place} of {len(items)} {what}; expected token ids separated by commas (1,2,3)"
+            raise argument("--prompt-ids", given, expected)
+    return [int(item) for item in items]
 
 
 def _utf8(text: str) -> str:
@@ -183,18 +193,29 @@ class Stream:
             self.printed = text
 
     def _print(self, text: str) -> None:
-        print(text, end="", flush=True)
+        _write(text)
         self.mid_line = self.mid_line or bool(text)
 
     def end(self) -> None:
         if self.tokenizer is not None:
             text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            print(text[len(self.printed) :] if text.startswith(self.printed) else "", end="")
-        print(flush=True)
+            _write(text[len(self.printed) :] if text.startswith(self.printed) else "")
+        _write("\n")
         self.mid_line = False
 
     def end_line(self) -> None:
         """End the continuation's line, so a message after it starts on its own."""
         if self.mid_line:
-            print(flush=True)
             self.mid_line = False
+            _write("\n")
+
+
+def _write(text: str) -> None:
+    """`text` on stdout, at once; a failed write is a StdoutError naming why
+    (a reader that closed the pipe stays a BrokenPipeError: that ends quietly)."""
+    try:
+        print(text, end="", flush=True)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise StdoutError(f"cannot write to stdout: {exc.strerror or exc}") from exc

@@ -9,6 +9,7 @@ build's verification uses to load a package exactly as users do.
     graphs.py          CUDA-graph replay of a method's calls, one graph per input shape
     threads.py         the CPU threads a method's calls run on
     generate.py        `generate(m, prompt, n)`: greedy or sampled, through prefill and decode
+    sizes.py           a causal_lm package's sizes: a prompt held against them, refused by the keys a user sets
     manifest.py        reading, writing and checking manifest.json
     manifest.schema.json  its JSON Schema, written once
     schema.py          a validator for the part of JSON Schema it uses (no jsonschema needed)
@@ -18,9 +19,9 @@ build's verification uses to load a package exactly as users do.
     reader.py          checkpoint files read: safetensors a chunk at a time, torch without unpickling
     formats.py         checkpoint files and save_pretrained directories, without torch
     dtypes.py          dtype names, aliases, safetensors codes, written once
-    gpu.py             the GPU a package runs on: identity, architecture, TF32 policy
+    gpu.py             the GPU a package runs on: identity, architecture, TF32 policy; the device asked for
 
 May import `artifact` and `errors` only. manifest.py, contract.py,
-hashing.py, formats.py, schema.py and dtypes.py import no torch: the build
+hashing.py, formats.py, schema.py, sizes.py and dtypes.py import no torch: the build
 key and the up-to-date check use them.
 """

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import WeightsMismatch
-from .checkpoint import compare, laid_out
+from .checkpoint import compare, laid_out, unfused_view
 from .dtypes import dtype_name
 from .hashing import check_file
 from .manifest import fused_tensors, manifest_methods, method_bindings, quantized_originals, state_mode
@@ -103,8 +103,12 @@ def weights_to_bind(
     devices = {name: t.device for name, t in tensors.items()}
     # The caller's tensors are bound as they are (borrowed), so their layout must be the package's.
     strides = {name: t.stride() for name, t in tensors.items()} if borrowed else None
-    chosen, problems = compare(entries, table, device, devices, manifest["weights"].get("unused", []), strides)
+    unused = manifest["weights"].get("unused", [])
+    chosen, problems = compare(entries, table, device, devices, unused, strides)
     if problems:
+        # a fused tensor some of whose parts were given: the part not given is named, as `check` names it
+        _, seen_unfused = compare(unfused_view(entries, manifest, table), table, device, devices, unused, strides)
+        problems = seen_unfused or problems
         raise WeightsMismatch(problems, source, _quantized_hint(manifest, problems))
     by_fqn = {e["fqn"]: e for e in entries}
     bound = {fqn: laid_out(tensors[name], by_fqn[fqn]) for fqn, name in chosen.items()}

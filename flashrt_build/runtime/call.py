@@ -18,9 +18,11 @@ from ..artifact import SINGLE_MODEL, STATE_KWARG
 from .dtypes import dtype_name
 from .gpu import fp32_precision
 from .graphs import GraphCache
+from .manifest import CAUSAL_LM_MEANING
 from .threads import cpu_threads
 
 log = logging.getLogger("flashrt_build")
+Sizes = Mapping[tuple[str, str], str]  # (input, axis or "values") -> the key a user set that bounds it there
 
 
 class PackageMethod:
@@ -45,6 +47,7 @@ class PackageMethod:
         lock: threading.Lock | None = None,
         graphs: GraphCache | None = None,
         threads: int | None = None,
+        sizes: Sizes | None = None,  # a causal_lm package's keys that bound its inputs (`causal_lm_sizes`)
     ) -> None:
         self.name, self.runner = name, runner
         self.threads = threads  # CPU threads a call runs on; None: as this process is set
@@ -54,7 +57,7 @@ class PackageMethod:
         self._positional = [i["name"] for i in entry["inputs"] if i["positional"]]
         self._keyword = [i["name"] for i in entry["inputs"] if not i["positional"]]
         self._order = self._positional + self._keyword
-        self._check = InputCheck(entry["inputs"], device, self._kwargs_key.removesuffix(".kwargs"))
+        self._check = InputCheck(entry["inputs"], device, self._kwargs_key.removesuffix(".kwargs"), sizes)
         self._direct = DirectCall.of(runner, self._positional, set(self._keyword), set(self._constant_kwargs))
         if graphs is not None and self._direct is None:
             log.warning("%s: its call spec is not a flat list of inputs; it runs without CUDA graphs", name)
@@ -203,10 +206,13 @@ class InputCheck:
     wrong shape silently, reading out of bounds. The rules are read from the
     manifest once; a call only compares."""
 
-    def __init__(self, specs: list[dict[str, Any]], device: torch.device, key: str = "module") -> None:
+    def __init__(
+        self, specs: list[dict[str, Any]], device: torch.device, key: str = "module", sizes: Sizes | None = None
+    ) -> None:
         self._device_type = device.type
         self._device = device
         self._key = key
+        self._sizes = dict(sizes or {})
         # Declared value ranges (token ids): a value outside one would make the
         # compiled code read out of bounds, which aborts the process.
         self._ranges = [
@@ -247,15 +253,18 @@ class InputCheck:
                 if shape[axis] != size:
                     floating = dtype.is_floating_point
                     hint = _dynamic_hint(name, axis, max(size, shape[axis])) if axis == 0 or not floating else ""
+                    set_by = self._set_by(name, str(axis), size)
                     raise ValueError(
                         f"input '{name}' has size {shape[axis]} on axis {axis}; the package was built for {size} "
-                        f"there (a static axis){hint}"
+                        f"there ({set_by or 'a static axis'}){'' if set_by else hint}"
                     )
             for axis, low, high, dim in dynamic:
                 size = shape[axis]
                 if not low <= size <= high:
+                    set_by = self._set_by(name, str(axis), high)
                     raise ValueError(
                         f"input '{name}' has size {size} on axis {axis} ('{dim}'); the package accepts {low} to {high}"
+                        + (f" ({set_by})" if set_by else "")
                     )
                 first = seen.setdefault(dim, (size, name))
                 if first[0] != size:
@@ -277,7 +286,13 @@ class InputCheck:
     def _check_range(self, name: str, smallest: int, largest: int, low: int | None, high: int | None) -> None:
         if (low is not None and smallest < low) or (high is not None and largest >= high):
             accepted = f"{'-inf' if low is None else low} to {'inf' if high is None else high - 1}"
+            set_by = self._set_by(name, "values", high) or f"{self._key}.inputs.{name}.low/high"
             raise ValueError(
                 f"input '{name}' holds values from {smallest} to {largest}; the package accepts {accepted} "
-                f"({self._key}.inputs.{name}.low/high): a value outside would make its code read out of bounds"
+                f"({set_by}): a value outside would make its code read out of bounds"
             )
+
+    def _set_by(self, name: str, where: str, value: int | None) -> str | None:
+        """`module.max_cache_len = 64: the positions its cache holds`; None where the input's own key bounds it."""
+        key = self._sizes.get((name, where))
+        return f"{key} = {value}: {CAUSAL_LM_MEANING[key]}" if key is not None else None

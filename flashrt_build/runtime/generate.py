@@ -6,6 +6,7 @@ example of use and the reference for `flashrt-generate` (C++)."""
 from __future__ import annotations
 
 import math
+import operator
 import os
 import time
 from collections.abc import Callable, Collection
@@ -14,14 +15,11 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from .sizes import PromptRefused, built_sizes, check_request, declared_inputs, model_positions
 
+__all__ = ["Generation", "PromptRefused", "generate"]
 
-class PromptRefused(ConfigError, ValueError):
-    """A prompt, or a number of new tokens, the package was not built for:
-    the config key that would build one that takes it, with the value this
-    package was built with (exit code 2 from the command line; a ValueError
-    to callers of `generate`)."""
+MAX_SEED = 2**63  # seeds are from 0 to this, less one: what torch.Generator.manual_seed takes as an int64
 
 
 @dataclass
@@ -74,6 +72,7 @@ def generate(
     `on_token(token [batch, 1])` sees each token as chosen (streaming: a wait
     per step); `timed` waits for the device to time prefill and decode.
     """
+    _check_seed(seed)
     _check_fits(model, prompt, max_new_tokens, (prefill, decode, position))
     if temperature > 0 and seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
@@ -108,6 +107,19 @@ def generate(
     return result
 
 
+def _check_seed(seed: Any) -> None:
+    """A seed torch's generator takes, refused naming `seed` (an int64 that
+    does not fit raised torch's own "Overflow when unpacking long long")."""
+    if seed is None:
+        return
+    try:
+        value = operator.index(seed) if not isinstance(seed, bool) else None
+    except TypeError:
+        value = None
+    if value is None or not 0 <= value < MAX_SEED:
+        raise ValueError(f"seed = {seed!r}: expected an integer with 0 <= seed < 2**63")
+
+
 def _check_fits(model: Any, prompt: torch.Tensor, max_new_tokens: int, names: tuple[str, str, str]) -> None:
     """The prompt and the new tokens fit the package, before any call."""
     if prompt.dim() != 2 or prompt.shape[1] < 1:
@@ -117,7 +129,8 @@ def _check_fits(model: Any, prompt: torch.Tensor, max_new_tokens: int, names: tu
     prefill, decode, position = names
     sizes = built_sizes(model, prefill, decode, position)
     if sizes is not None:  # a causal_lm package: the keys a user sets, not the inputs they derive
-        check_request(sizes, prompt.shape[0], prompt.shape[1], max_new_tokens)
+        manifest = getattr(model, "manifest", None) or {}
+        check_request(sizes, prompt.shape[0], prompt.shape[1], max_new_tokens, lambda: model_positions(manifest))
     _check_room(model, decode, position, prompt.shape[1] + max_new_tokens - 1)
 
 
@@ -167,82 +180,17 @@ def _trusted(run_decode: Any, model: Any, decode: str, width: int) -> Any:
     up front, by `_check_room`."""
     if not hasattr(run_decode, "run_trusted"):
         return run_decode
-    token = (_declared_inputs(model, decode) or [{}])[0]
+    token = (declared_inputs(model, decode) or [{}])[0]
     if token.get("high") is not None and width > token["high"]:
         return run_decode
     return run_decode.run_trusted
 
 
-def _declared_inputs(model: Any, method: str) -> list[dict[str, Any]]:
-    """A loaded package's manifest entries of `method`'s inputs (none for another module)."""
-    methods = getattr(model, "manifest", {}).get("methods") or {}
-    return (methods.get(method) or {}).get("inputs") or []
-
-
 def _check_room(model: Any, decode: str, position: str, last: int) -> None:
     """A position the decode method does not accept is an error before any call, not after half the tokens."""
-    spec = next((i for i in _declared_inputs(model, decode) if i["name"] == position), None)
+    spec = next((i for i in declared_inputs(model, decode) if i["name"] == position), None)
     if spec is not None and spec.get("high") is not None and last >= spec["high"]:
         raise ValueError(
             f"the prompt and the new tokens need positions up to {last}; the package's {decode} accepts "
             f"{position} below {spec['high']} (module.methods.{decode}.inputs.{position}.high: its cache's length)"
-        )
-
-
-# The keys of the shipped `causal_lm` config a user sets for a package's sizes
-# (the manifest's `config.module`, `pretrained` set): its prompts and cache are refused in their words.
-CAUSAL_LM_KEYS = ("pretrained", "max_cache_len", "max_prompt", "batch")
-
-
-@dataclass(frozen=True)
-class BuiltSizes:
-    """What a `causal_lm` package was built to take, read from its methods'
-    inputs (the resolved values, whatever the config left null)."""
-
-    batch: int
-    max_prompt: int
-    max_cache_len: int
-
-
-def built_sizes(model: Any, prefill: str, decode: str, position: str) -> BuiltSizes | None:
-    """A `causal_lm` package's sizes; None for any other model (its inputs' own keys apply)."""
-    module = ((getattr(model, "manifest", None) or {}).get("config") or {}).get("module") or {}
-    if not all(key in module for key in CAUSAL_LM_KEYS) or not module["pretrained"]:
-        return None  # every module's config has the keys; only causal_lm's names a directory
-    prompt = next(iter(_declared_inputs(model, prefill)), None)
-    at = next((i for i in _declared_inputs(model, decode) if i["name"] == position), None)
-    if prompt is None or at is None or at.get("high") is None or len(prompt["shape"]) != 2:
-        return None
-    longest = (prompt["dynamic"].get("1") or {}).get("max", prompt["shape"][1])
-    return BuiltSizes(prompt["shape"][0], longest, at["high"])
-
-
-def check_request(sizes: BuiltSizes, batch: int, length: int, max_new_tokens: int) -> None:
-    """A `causal_lm` package's prompt and new tokens against what it was
-    built for, refused naming `module.batch`, `module.max_prompt` or
-    `module.max_cache_len` with the override that would build one that takes them."""
-    if batch != sizes.batch:
-        raise PromptRefused(
-            "module.batch",
-            sizes.batch,
-            f"the package decodes {sizes.batch} sequence(s) at once and the prompt holds {batch}; "
-            f"rebuild with module.batch={batch}",
-        )
-    last = length + max_new_tokens - 1  # the position of the last new token
-    if length > sizes.max_prompt:
-        cache = f" module.max_cache_len={last + 1}" if last >= sizes.max_cache_len else ""
-        raise PromptRefused(
-            "module.max_prompt",
-            sizes.max_prompt,
-            f"the prompt has {length} tokens, more than the package's prefill takes; "
-            f"rebuild with module.max_prompt={length}{cache}",
-        )
-    if last >= sizes.max_cache_len:
-        fewer = sizes.max_cache_len - length
-        instead = f", or ask for at most {fewer} new tokens" if fewer >= 1 else ""
-        raise PromptRefused(
-            "module.max_cache_len",
-            sizes.max_cache_len,
-            f"the prompt ({length} tokens) and {max_new_tokens} new tokens need positions up to {last}, "
-            f"the package's cache holds {sizes.max_cache_len}; rebuild with module.max_cache_len={last + 1}{instead}",
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ConfigError
 
 
 @dataclass
@@ -107,3 +107,29 @@ def check_gpu_arch(built_on: dict[str, Any] | None, device: torch.device, runnin
             f"but {device} is {running['name']} (compute capability {running['capability']}): "
             "rebuild it with target=cuda on this kind of GPU"
         )
+
+
+def check_device(given: str | torch.device | None, target: str, name: str = "device") -> torch.device:
+    """The device a package runs on: `given`, else the build's `target`
+    (target.device). Refused, as a ConfigError naming the argument `name`
+    (`device` for `load`, `--device` for generate), where the package cannot
+    run: a name torch does not know, no usable CUDA device, an index past
+    this machine's devices, a device type other than the build's target."""
+    value = given if given is not None else target
+    shown = str(value) if isinstance(value, torch.device) else value
+    origin = "" if given is not None else f" (the build's target; {name} was not given)"
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(name, shown, "expected cpu, cuda or cuda:N", kind="argument") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(name, shown, f"no CUDA device is usable on this machine{origin}", kind="argument")
+        if (device.index or 0) >= count:
+            raise ConfigError(name, shown, f"this machine has {count} CUDA device(s){origin}", kind="argument")
+    if device.type != torch.device(target).type:
+        raise ConfigError(
+            name, shown, f"the package was built for {target} (target.device): its code runs there", kind="argument"
+        )
+    return device

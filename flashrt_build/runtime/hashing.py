@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ def range_sha256(path: Path, span: tuple[int, int]) -> str:
     """sha256 of `span` = (offset, length) bytes of a file (fewer if it ends first), read in 1 MiB blocks."""
     offset, length = span
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put in a file's place does not block the open
     try:
         end = offset + length
         while offset < end:
@@ -91,6 +92,32 @@ def config_sha256(config: Any) -> str:
     return canonical_sha256(config)
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def not_a_file(path: Path) -> str | None:
+    """None when `path` is a regular file (or a link to one), else what it is
+    instead, for a message (`is a FIFO, not a regular file`): found by its
+    status alone, never opened (opening a FIFO blocks, /dev/zero never ends)."""
+    try:
+        found = path.stat()
+    except (FileNotFoundError, NotADirectoryError):  # nothing there, or a file where a folder on its path should be
+        return "is a link to nothing" if path.is_symlink() else "is missing"
+    except OSError as exc:  # a link loop, no permission to look
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(found.st_mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(found.st_mode)), "not a file")
+    link = f"a link to {os.path.realpath(path)}, " if path.is_symlink() else ""
+    return f"is {link}{kind}, not a regular file"
+
+
 def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
     """The path of a file the manifest lists, once its sha256 matches: a
     file in the output directory, never one a manifest points to elsewhere."""
@@ -98,8 +125,9 @@ def check_file(output_dir: Path, section: Mapping[str, Any], what: str) -> Path:
     if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
         raise ArtifactError(f"{output_dir}: the manifest names {name!r} for {what}, which is not a file in it")
     path = output_dir / name
-    if not path.is_file():
-        raise ArtifactError(f"{path} is missing")
+    problem = not_a_file(path)
+    if problem is not None:
+        raise ArtifactError(f"{path} ({what}) {problem}; refusing to load it")
     digest = altered_digest(path, section)
     if digest is not None:
         raise ArtifactError(

@@ -21,10 +21,10 @@ from ..errors import quiet_known_warnings
 from .binding import WeightsArg, bind, initial_state, lazy_sidecar, state_to_bind, weights_to_bind
 from .call import PackageMethod
 from .contract import check_contract
-from .gpu import check_gpu_arch, gpu_of
+from .gpu import check_device, check_gpu_arch, gpu_of
 from .graphs import GraphCache
 from .hashing import check_file, check_served_files
-from .manifest import manifest_methods, read_manifest, state_mode
+from .manifest import causal_lm_sizes, manifest_methods, read_manifest, state_mode
 from .runner import import_tree_types, load_libraries, load_package
 from .threads import check_threads
 
@@ -101,6 +101,7 @@ class LoadedModule(torch.nn.Module):
                 self._lock,
                 GraphCache(name, graphs[0], graphs[1]) if graphs is not None else None,
                 threads,
+                causal_lm_sizes(manifest, entry["inputs"]),  # module.max_cache_len, not the position's key
             )
             for name, entry in entries.items()
         }
@@ -272,7 +273,10 @@ def load(
     a `state_dict`, is checked by name, shape, dtype and device against the
     manifest and bound in place. `host`: the eager module the package stands in
     for; its attributes stay reachable, and with `weights=None` its own
-    parameters and buffers are bound. `device`: defaults to the build's target.
+    parameters and buffers are bound. `device`: defaults to the build's target;
+    one the package cannot run on (another device type than the build's
+    target, no usable CUDA device, an index past this machine's) is a
+    ConfigError naming the argument, before any weight is read.
 
     `cuda_graphs`: replay each method from a CUDA graph per input shape (the
     first call of a shape warms up, the second captures), at most `max_graphs`
@@ -288,6 +292,6 @@ def load(
     """
     output_dir = Path(output_dir)
     manifest = read_manifest(output_dir)
-    target = torch.device(device if device is not None else manifest["target"]["device"])
+    target = check_device(device, manifest["target"]["device"])  # before any weight is read there
     graphs = graph_options(manifest, target, cuda_graphs, max_graphs, copy_outputs)
     return open_package(output_dir, manifest, weights, target, host, graphs, threads)

@@ -14,7 +14,13 @@ from typing import Any, TypedDict
 
 from ..artifact import MANIFEST, SCHEMA
 from ..errors import ArtifactError
+from .hashing import not_a_file
 from .schema import schema_problems
+
+
+class NoBuild(ArtifactError):
+    """A directory without a manifest (a regular file of that name): no
+    build at all, rather than a build altered (a wrong path, for a command)."""
 
 
 def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
@@ -29,10 +35,10 @@ def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
 def read_manifest(directory: Path) -> dict[str, Any]:
     """Parse and check a manifest; a missing, broken, foreign or malformed one is refused."""
     path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise ArtifactError(
-            f"{path} does not exist: {directory} holds no complete build{_builds_near(Path(directory))}"
-        )
+    problem = not_a_file(path)  # a FIFO or /dev/zero in its place is never opened
+    if problem is not None:
+        said = "does not exist" if problem == "is missing" else problem
+        raise NoBuild(f"{path} {said}: {directory} holds no complete build{_builds_near(Path(directory))}")
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -206,3 +212,43 @@ def manifest_methods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "state": [t["fqn"] for t in (manifest.get("state") or {}).get("tensors", [])],
         }
     }
+
+
+# The keys of the shipped `causal_lm` config a user sets for a package's sizes
+# (the manifest's `config.module`, `pretrained` set): its prompts and cache are refused in their words.
+CAUSAL_LM_KEYS = ("pretrained", "max_cache_len", "max_prompt", "batch")
+# What each of them bounds, for a message.
+CAUSAL_LM_MEANING = {
+    "module.batch": "the sequences it decodes at once",
+    "module.max_prompt": "the longest prompt its prefill takes",
+    "module.max_cache_len": "the positions its cache holds",
+}
+
+
+def causal_lm_module(manifest: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The `module` config of a `causal_lm` package (its sizes are keys a
+    user sets); None for any other package (its inputs' own keys apply)."""
+    module = ((manifest or {}).get("config") or {}).get("module") or {}
+    if not isinstance(module, Mapping) or not all(key in module for key in CAUSAL_LM_KEYS):
+        return None
+    return module if module["pretrained"] else None  # only causal_lm's config names a directory
+
+
+def causal_lm_sizes(manifest: Mapping[str, Any] | None, inputs: list[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """For a `causal_lm` package's method, the key a user sets that bounds
+    each of its inputs' sizes and values, by (input, axis) and (input,
+    "values"): the batch axis `module.batch`, the prompt's length
+    `module.max_prompt`, the decode's position `module.max_cache_len` (as the
+    shipped config derives them). Empty for any other package."""
+    if causal_lm_module(manifest) is None:
+        return {}
+    sizes: dict[tuple[str, str], str] = {}
+    for spec in inputs:
+        if spec["shape"]:
+            sizes[(spec["name"], "0")] = "module.batch"
+        for axis, dim in spec["dynamic"].items():
+            if dim.get("name") == "prompt":
+                sizes[(spec["name"], axis)] = "module.max_prompt"
+        if spec["name"] == "position" and spec.get("high") is not None:
+            sizes[(spec["name"], "values")] = "module.max_cache_len"
+    return sizes

@@ -121,7 +121,7 @@ def test_a_tokenizer_file_the_build_did_not_write_is_refused(llama_lm_build: Lla
     (out / "added_tokens.json").write_text('{"<x>": 300}')
     done = generate_cli(out, "--prompt", "ab", "--max-new-tokens", "2")
     assert done.returncode == 1
-    assert f"{out / 'added_tokens.json'} is not a file its build wrote" in one_line(done)
+    assert f"{out} holds entries its build did not write" in one_line(done) and "added_tokens.json" in one_line(done)
 
 
 @pytest.mark.slow
@@ -180,6 +180,12 @@ FLAGS = [
     ("--top-k", "0"),
     ("--max-new-tokens", "0"),
     ("--threads", "0"),
+    ("--seed", "18446744073709551616"),  # 2**64: torch's "Overflow when unpacking long long" before
+    ("--seed", "9223372036854775808"),
+    ("--seed", "-1"),
+    ("--prompt-ids", "1,,2"),  # the empty item was dropped: the prompt [1, 2]
+    ("--prompt-ids", "1,2,"),
+    ("--prompt-ids", "1,x"),
 ]
 
 
@@ -368,6 +374,7 @@ TEMPLATE = (
     "{% elif c == 'nested loops' %}{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}"
     "{% elif c == 'doubling' %}{% set ns = namespace(s='x') %}"
     "{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"
+    "{% elif c == 'surrogate' %}<{{ '\\ud800' }}>"
     "{% elif c == 'slow' %}{% for a in 'x' * 100000 %}{% for b in 'x' * 100000 %}{% endfor %}{% endfor %}"
     "{% else %}<{{ c }}>{% if add_generation_prompt %}:{% endif %}{% endif %}"
 )
@@ -415,6 +422,7 @@ def test_a_chat_template_renders_as_transformers_does(chat_lm: Path) -> None:
         ("nested loops", "its range() loops run more than 1000000 times"),
         ("doubling", "it needed more than 1024 MiB to render"),
         ("slow", "it took more than 10 s to render"),
+        ("surrogate", "it renders a lone surrogate ('\\ud800' at character 1), which is not text"),
     ],
 )
 def test_a_chat_template_that_raises_or_passes_a_bound_is_named(chat_lm: Path, prompt: str, says: str) -> None:
@@ -462,3 +470,215 @@ def test_a_prompt_the_package_was_not_built_for_names_the_causal_lm_key(llama_lm
 def test_a_sampling_setting_that_is_not_finite_is_refused_by_the_api() -> None:
     with pytest.raises(ValueError, match="finite temperature"):
         flashrt_build.generate(object(), torch.ones(1, 3, dtype=torch.int64), 4, temperature=float("nan"))
+
+
+# --- round 4: what the hostile tester found ---------------------------------------
+
+
+@pytest.mark.slow
+def test_any_entry_the_manifest_does_not_list_is_refused_before_a_tokenizer_reads_it(
+    llama_lm_build: LlamaBuild, tmp_path: Path
+) -> None:
+    """transformers' AutoTokenizer reads more than a fixed list of names:
+    `additional_chat_templates/default.jinja` replaced the chat template
+    (exit 0, another prompt). Every entry the build did not write is refused."""
+    result, _ = llama_lm_build
+    out = copy_build(result.output_dir, tmp_path / "out")
+    injected = out / "additional_chat_templates"
+    injected.mkdir()
+    (injected / "default.jinja").write_text("INJECTED {{ messages[0]['content'] }} INJECTED")
+    done = generate_cli(out, "--prompt", "ab", "--chat", "--max-new-tokens", "2")
+    assert done.returncode == 1 and done.stdout == ""
+    assert one_line(done) == (
+        f"ArtifactError: {out} holds entries its build did not write (its manifest does not list them), which a "
+        "tokenizer may read: additional_chat_templates; refusing to serve from it"
+    )
+    shutil.rmtree(injected)
+    (out / "notes.txt").write_text("mine")  # any name, not only a tokenizer's
+    (out / "special_tokens_map.json").write_text("{}")
+    line = one_line(generate_cli(out, "--prompt-ids", "1,2", "--max-new-tokens", "2"))
+    assert line.endswith("which a tokenizer may read: notes.txt, special_tokens_map.json; refusing to serve from it")
+    (out / "notes.txt").unlink()
+    (out / "special_tokens_map.json").unlink()
+    assert generate_cli(out, "--prompt", "ab", "--chat", "--max-new-tokens", "2").returncode == 0
+
+
+def test_a_fifo_or_a_device_in_a_files_place_is_named_and_never_opened(tmp_path: Path) -> None:
+    from flashrt_build.runtime.hashing import check_file
+
+    os.mkfifo(tmp_path / "tokenizer.json")  # opened, it would block
+    (tmp_path / "zero.json").symlink_to("/dev/zero")  # read, it never ends
+    (tmp_path / "dir.json").mkdir()
+    record = {"sha256": "0" * 64, "bytes": 1}
+    for name, says in (
+        ("tokenizer.json", "is a FIFO, not a regular file"),
+        ("zero.json", "is a link to /dev/zero, a character device, not a regular file"),
+        ("dir.json", "is a directory, not a regular file"),
+        ("gone.json", "is missing"),
+    ):
+        with pytest.raises(ArtifactError, match=rf"^{re.escape(str(tmp_path / name))} \(a served file\) {says}; "):
+            check_file(tmp_path, {**record, "file": name}, "a served file")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_served_file_or_manifest_that_is_no_regular_file_is_said_as_what_it_is(
+    llama_lm_build: LlamaBuild, tmp_path: Path, kind: str
+) -> None:
+    """Was "is missing" / "does not exist", and a FIFO manifest exit 1 where a missing one is 2."""
+    result, _ = llama_lm_build
+    says = "is a FIFO" if kind == "fifo" else "is a link to /dev/zero, a character device"
+
+    def replace(path: Path) -> None:
+        path.unlink()
+        os.mkfifo(path) if kind == "fifo" else path.symlink_to("/dev/zero")
+
+    out = copy_build(result.output_dir, tmp_path / "served")
+    replace(out / "tokenizer.json")
+    for args in (["--prompt", "ab"], ["--prompt-ids", "1,2"]):
+        done = generate_cli(out, *args, "--max-new-tokens", "2")
+        assert done.returncode == 1, done.stderr  # a package file not as its build wrote it
+        assert one_line(done) == (
+            f"ArtifactError: {out / 'tokenizer.json'} (a file served beside the package) {says}, not a regular "
+            "file; refusing to load it"
+        )
+    with pytest.raises(ArtifactError, match=f"{re.escape(str(out / 'tokenizer.json'))} .* {says}, not a regular"):
+        flashrt_build.load(out)
+
+    out = copy_build(result.output_dir, tmp_path / "manifest")
+    replace(out / "manifest.json")
+    done = generate_cli(out, "--prompt", "ab", "--max-new-tokens", "2")
+    assert done.returncode == 2  # as a missing manifest: no build here
+    assert one_line(done) == (
+        f"UsageError: {out / 'manifest.json'} {says}, not a regular file: {out} holds no complete build"
+    )
+    with pytest.raises(ArtifactError, match=f"manifest.json {says}, not a regular file: .* holds no complete build"):
+        flashrt_build.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_stdout_that_cannot_be_written_or_is_closed_is_one_line(llama_lm_build: LlamaBuild) -> None:
+    out = llama_lm_build[0].output_dir
+    env = {**os.environ, **QUIET, "TOKENIZERS_PARALLELISM": "false"}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [*G, str(out), "--prompt", "ab", "--max-new-tokens", "4"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+    assert done.returncode == 1
+    assert done.stderr == "StdoutError: cannot write to stdout: No space left on device\n"  # not UnexpectedError
+
+    closed = subprocess.run(  # `>&-`: every token was lost and the exit code 0
+        ["bash", "-c", 'exec "$@" >&-', "generate", *G, str(out), "--prompt", "ab", "--max-new-tokens", "4"],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert closed.returncode == 2
+    assert closed.stderr == (
+        "UsageError: cannot write to stdout: it is closed (>&-), and every generated token would be lost\n"
+    )
+
+
+@pytest.mark.slow
+def test_load_refuses_a_device_the_package_cannot_run_on_naming_the_argument(
+    llama_lm_build: LlamaBuild, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was `config key 'module.checkpoint' = '.../weights.safetensors': is not a readable safetensors file`."""
+    from flashrt_build.errors import ConfigError
+    from flashrt_build.runtime import binding
+
+    out = llama_lm_build[0].output_dir
+    monkeypatch.setattr(binding, "read_checkpoint", lambda *a, **k: pytest.fail("read weights before the device"))
+    cases = [
+        ("meta", "the package was built for cpu (target.device): its code runs there"),
+        (torch.device("meta"), "the package was built for cpu (target.device): its code runs there"),
+        ("nonsense", "expected cpu, cuda or cuda:N"),
+    ]
+    if not torch.cuda.is_available():
+        cases += [(name, "no CUDA device is usable on this machine") for name in ("cuda", "cuda:7")]
+    for device, says in cases:
+        with pytest.raises(ConfigError) as info:
+            flashrt_build.load(out, device=device)
+        assert (info.value.kind, info.value.key, info.value.value) == ("argument", "device", str(device))
+        assert says in str(info.value) and "module.checkpoint" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_direct_call_of_a_causal_lm_package_names_the_key_the_user_set(llama_lm_build: LlamaBuild) -> None:
+    """Was `module.methods.decode.inputs.position.low/high`, a key derived from module.max_cache_len."""
+    model = flashrt_build.load(llama_lm_build[0].output_dir)
+    token = torch.tensor([[1]])
+    with pytest.raises(ValueError) as position:
+        model.decode(token, position=torch.tensor([64]))
+    assert str(position.value) == (
+        "input 'position' holds values from 64 to 64; the package accepts 0 to 63 (module.max_cache_len = 64: the "
+        "positions its cache holds): a value outside would make its code read out of bounds"
+    )
+    with pytest.raises(ValueError) as prompt:
+        model.prefill(torch.ones(1, 33, dtype=torch.int64))
+    assert str(prompt.value) == (
+        "input 'input_ids' has size 33 on axis 1 ('prompt'); the package accepts 1 to 32 (module.max_prompt = 32: "
+        "the longest prompt its prefill takes)"
+    )
+    with pytest.raises(ValueError) as batch:
+        model.prefill(torch.ones(2, 3, dtype=torch.int64))
+    assert str(batch.value) == (
+        "input 'input_ids' has size 2 on axis 0; the package was built for 1 there (module.batch = 1: the sequences "
+        "it decodes at once)"
+    )
+    assert not any("module.methods" in str(e.value) for e in (position, prompt, batch))
+
+
+def test_a_rebuild_is_not_suggested_past_the_models_positions() -> None:
+    """The model has 256 positions: `module.max_cache_len=1002` would itself be refused."""
+    from flashrt_build.runtime.sizes import BuiltSizes, check_request
+
+    sizes = BuiltSizes(batch=1, max_prompt=32, max_cache_len=64)
+    cases = [
+        (2, 1000, 256, "the model has 256 positions (its config.json's max_position_embeddings): rebuild with "
+         "module.max_cache_len=256 to ask for at most 254 new tokens, or ask for at most 62 new tokens"),
+        (2, 1000, 64, "the model has 64 positions (its config.json's max_position_embeddings), all of them in this "
+         "cache: ask for at most 62 new tokens"),
+        (2, 1000, None, "rebuild with module.max_cache_len=1002, or ask for at most 62 new tokens"),  # unknown
+        (2, 100, 256, "rebuild with module.max_cache_len=102, or ask for at most 62 new tokens"),  # within the model
+        (60000, 2, 256, "the model has 256 positions (its config.json's max_position_embeddings), so no build of it "
+         "takes a prompt of 60000 tokens: give one of at most 255"),
+        (100, 200, 256, "the model has 256 positions (its config.json's max_position_embeddings): rebuild with "
+         "module.max_prompt=100 module.max_cache_len=256 and ask for at most 156 new tokens"),
+        (40, 4, 256, "rebuild with module.max_prompt=40"),
+    ]  # fmt: skip
+    for length, new, positions, says in cases:
+        with pytest.raises(PromptRefused) as info:
+            check_request(sizes, 1, length, new, lambda p=positions: p)
+        assert str(info.value).endswith(says), (length, new, positions, str(info.value))
+
+
+@pytest.mark.slow
+def test_the_advice_for_a_prompt_the_package_cannot_take_reads_the_models_positions(
+    llama_lm_build: LlamaBuild,
+) -> None:
+    out = llama_lm_build[0].output_dir  # the model has 256 positions
+    done = generate_cli(out, "--prompt-ids", "1,2", "--max-new-tokens", "1000")
+    assert done.returncode == 2
+    assert one_line(done) == (
+        "PromptRefused: config key 'module.max_cache_len' = 64: the prompt (2 tokens) and 1000 new tokens need "
+        "positions up to 1001, the package's cache holds 64; the model has 256 positions (its config.json's "
+        "max_position_embeddings): rebuild with module.max_cache_len=256 to ask for at most 254 new tokens, or ask "
+        "for at most 62 new tokens"
+    )
+    model = flashrt_build.load(out)
+    with pytest.raises(PromptRefused, match=r"no build of it takes a prompt of 300 tokens: give one of at most 255$"):
+        flashrt_build.generate(model, torch.ones(1, 300, dtype=torch.int64), 2)
+
+
+def test_a_seed_torch_cannot_take_is_refused_by_the_api_naming_seed() -> None:
+    for seed in (2**64, 2**63, -1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"^seed = {re.escape(repr(seed))}: expected an integer with 0 <= seed"):
+            flashrt_build.generate(object(), torch.ones(1, 3, dtype=torch.int64), 4, temperature=1.0, seed=seed)

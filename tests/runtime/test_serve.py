@@ -273,3 +273,48 @@ def test_decode_steps_from_generate_skip_only_the_value_check(lm_build: flashrt_
     lm.reset_state()
     assert torch.equal(flashrt_build.generate(lm, prompt(), 9).tokens, eager_greedy(eager_lm(), prompt(), 9))
     assert len(trusted) == 8
+
+
+# --- a fused package (`passes=llm`) given a checkpoint that lacks a part ------------------------
+
+FUSED = "layers.0.attn.q_proj__k_proj__v_proj.weight"
+PARTS = [f"layers.0.attn.{p}_proj.weight" for p in "qkv"]
+
+
+def fused_manifest() -> dict:
+    """What a `passes=llm` build records of one fused q/k/v projection (4 rows each of width 8), and an o_proj."""
+    tensors = [
+        {"fqn": FUSED, "shape": [12, 8], "dtype": "float32", "kind": "parameter"},
+        {"fqn": "layers.0.attn.o_proj.weight", "shape": [8, 8], "dtype": "float32", "kind": "parameter"},
+    ]
+    fused = [{"weight": FUSED, "from": [{"name": part, "rows": [4 * i, 4 * i + 4]} for i, part in enumerate(PARTS)]}]
+    return {"weights": {"mode": "external", "tensors": tensors}, "passes": {"fuse_projections": {"fused": fused}}}
+
+
+def test_a_part_missing_from_a_fused_tensor_is_named_not_the_fused_tensor() -> None:
+    """Was "missing: ...q_proj__k_proj__v_proj.weight; unexpected: ...q_proj.weight, ...v_proj.weight"."""
+    from flashrt_build.errors import WeightsMismatch
+    from flashrt_build.runtime.binding import weights_to_bind
+    from flashrt_build.runtime.checkpoint import compare, unfused_view
+
+    manifest = fused_manifest()
+    full = {name: torch.randn(4, 8) for name in PARTS} | {"layers.0.attn.o_proj.weight": torch.randn(8, 8)}
+    bound = weights_to_bind(manifest, full, None, None, torch.device("cpu"))  # every part: fused at load
+    assert torch.equal(bound[FUSED], torch.cat([full[name] for name in PARTS]))
+
+    lacking = {k: v for k, v in full.items() if k != PARTS[1]}  # no k_proj
+    with pytest.raises(WeightsMismatch) as info:
+        weights_to_bind(manifest, lacking, None, None, torch.device("cpu"))
+    assert info.value.problems == {"missing": [PARTS[1]]}
+    assert str(info.value) == f"weights from the given mapping do not fit the package: missing: {PARTS[1]}"
+
+    # `check`'s view of a checkpoint file: the same names
+    table = {name: ([4, 8], "float32") for name in PARTS if name != PARTS[1]}
+    table["layers.0.attn.o_proj.weight"] = ([8, 8], "float32")
+    entries = unfused_view(manifest["weights"]["tensors"], manifest, table)
+    assert compare(entries, table)[1] == {"missing": [PARTS[1]]}
+    # a checkpoint naming the fused tensor itself is compared as the package binds it
+    assert (
+        unfused_view(manifest["weights"]["tensors"], manifest, {FUSED: ([12, 8], "float32")})
+        == manifest["weights"]["tensors"]
+    )
