@@ -151,12 +151,6 @@ def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
         label = (config.get(group) or {}).get("name", "none")
         if not isinstance(label, str) or not NAME.match(label):
             raise ConfigError(key, label, "names a part of the output folder: expected letters, digits, '_', '.', '-'")
-    passes = config.get("passes") or {}
-    if passes.get("name", "none") == "none" and any(v is True for k, v in passes.items() if k != "name"):
-        raise ConfigError("passes.name", "none", "names no passes, but the group turns some on: name it otherwise")
-    quant = config.get("quant") or {}
-    if quant.get("name", "none") == "none" and quant.get("rules"):
-        raise ConfigError("quant.name", "none", "names no recipe, but the group has rules: name it otherwise")
     parts = [config["target"]["name"], str(config["weights"]), config["inductor"]["name"]]
     for group in ("quant", "passes"):
         if config.get(group, {}).get("name", "none") != "none":

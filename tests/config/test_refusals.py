@@ -60,12 +60,6 @@ def test_a_label_that_names_a_part_of_the_folder_must_be_a_name(key: str, tmp_pa
     assert problem.key == key and "names a part of the output folder" in str(problem)
 
 
-def test_a_label_of_none_on_a_group_that_does_something_is_refused(tmp_path: Path) -> None:
-    """passes=llm passes.name=none would land in the unpassed build's folder and replace it."""
-    problem = refused(["+module=mlp", "passes=llm", "passes.name=none", f"output_root={tmp_path}"])
-    assert problem.key == "passes.name" and "names no passes, but the group turns some on" in str(problem)
-
-
 def test_an_output_dir_in_the_store_is_refused(tmp_path: Path) -> None:
     problem = refused(["+module=mlp", f"output_root={tmp_path}", f"output_dir={tmp_path / '.store' / 'x'}"])
     assert problem.key == "output_dir" and "is in the build store" in str(problem)
