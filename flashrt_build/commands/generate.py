@@ -9,7 +9,11 @@ digest first; `--chat` applies its chat template, rendered under bounds
 generation stops at the model's end-of-sequence tokens (its
 generation_config.json), and the prompt's and the decode's speed end the
 output on stderr. `--prompt-ids 1,2,3` serves a package without a tokenizer
-(torch and safetensors are all it needs), printing token ids.
+(torch and safetensors are all it needs), printing token ids. The flags are
+the ones people know from transformers and llama.cpp (generate_options.py):
+sampling, a repetition penalty, stop strings, a system message, a prompt
+from a file or stdin, another checkpoint, JSON out; a generation that
+reaches the cache's end stops there, with a note.
 
 Exit codes, as the build command's: 0 done; 1 the package or a call failed
 (a file altered since its build); 2 a wrong command line or input (a flag out
@@ -26,12 +30,11 @@ import argparse
 import contextlib
 import io
 import logging
-import math
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from ..artifact import foreign_entries
 from ..errors import (
@@ -44,17 +47,9 @@ from ..errors import (
 )
 from ..runtime.hashing import altered_digest, check_served_files
 from ..runtime.manifest import NoBuild, manifest_methods, read_manifest
-from .text import MAX_SEED, StdoutError, Stream, argument, eos_tokens, parse_ids, print_speed, prompt_ids
+from .generate_options import PROG, check_flags, parser
+from .text import StdoutError, Stream, eos_tokens, print_json, print_speed, prompt_ids
 
-PROG = "python -m flashrt_build.generate"
-DESCRIPTION = (
-    "Generate text from a built package of a prefill and a decode method (a causal_lm build), "
-    "its prompt encoded with the tokenizer copied beside the package and its continuation printed as it is generated."
-)
-EPILOG = (
-    "exit codes: 0 done; 1 the package or a call failed; 2 a wrong command line or input; "
-    "130/143 interrupted by Ctrl-C/SIGTERM; 141 the reader closed the pipe"
-)
 EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
 METHODS = ("prefill", "decode")  # what `generate` calls
 
@@ -67,41 +62,9 @@ class UsageError(FlashrtError):
     exit_code = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its refusals on one line, as every other failure."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
-    parser.add_argument("output_dir", type=Path)
-    given = parser.add_mutually_exclusive_group(required=True)
-    given.add_argument("--prompt", help="the prompt's text (needs the tokenizer the build copied)")
-    given.add_argument("--prompt-ids", help="the prompt's token ids, comma-separated (1,2,3)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument(
-        "--seed", type=int, default=None, help="seeds sampling (default: from the system, printed to repeat a run)"
-    )
-    parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to the prompt")
-    parser.add_argument("--device", default=None, help="default: the build's target")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads a call runs on (default: the cores other work leaves idle)",
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m flashrt_build.generate OUTPUT_DIR (--prompt TEXT | --prompt-ids IDS) [options]`."""
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     _report_to_stderr()
     stop_on_signals()
     stream = Stream()
@@ -165,42 +128,42 @@ def _check_stdout() -> None:
 
 
 def _generate(args: argparse.Namespace, stream: Stream) -> int:
-    sampling = _sampling(args)
-    if args.prompt_ids is not None:
-        parse_ids(args.prompt_ids)  # a malformed list is the command line's mistake, named before anything is read
+    sampling = check_flags(args)
     manifest = _manifest(args.output_dir)
     _check_methods(args.output_dir, manifest)
     _check_served(args.output_dir, manifest)
     tokenizer, ids = prompt_ids(args, manifest)
     torch, load, generate = _runtime()
     device = _device(args.device, manifest)
-    model = load(args.output_dir, device=device, threads=_threads(args.threads, device))
+    model = load(args.output_dir, weights=args.weights, device=device, threads=_threads(args.threads, device))
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
-    stream.tokenizer = tokenizer
-    eos = eos_tokens(args.output_dir, tokenizer)
-    result = generate(model, prompt, args.max_new_tokens, eos=eos, timed=True, on_token=stream, **sampling)
+    stream.tokenizer, stream.stops, stream.quiet = tokenizer, tuple(args.stop), args.json
+    eos = None if args.ignore_eos else eos_tokens(args.output_dir, tokenizer)
+    new, room = _room(model, len(ids), args.max_new_tokens)
+    result = generate(model, prompt, new, eos=eos, timed=True, on_token=stream, stop=lambda: stream.stopped, **sampling)
     stream.end()
+    stopped = "cache" if result.stopped == "length" and new < args.max_new_tokens else result.stopped
+    if args.json:
+        print_json(ids, result, stream, stopped, model.threads)
+        return 0
     print_speed(len(ids), result, model.threads)
+    if stopped == "cache":
+        print(f"stopped at the cache's end: module.max_cache_len={room} holds the prompt's {len(ids)} tokens and "
+              f"{new} new ones; a build with a longer cache generates more", file=sys.stderr)  # fmt: skip
     if result.seed is not None:  # what repeats this run's tokens
         print(f"seed: {result.seed} (--seed {result.seed} repeats these tokens)", file=sys.stderr)
     return 0
 
 
-def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags that choose tokens, each refused naming it when out of range."""
-    if args.max_new_tokens < 1:
-        raise argument("--max-new-tokens", args.max_new_tokens, "expected an integer >= 1")
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise argument("--temperature", args.temperature, "expected a finite number >= 0 (0: greedy)")
-    if args.top_k is not None and args.top_k < 1:
-        raise argument("--top-k", args.top_k, "expected an integer >= 1")
-    if args.top_p is not None and not 0 < args.top_p <= 1:  # NaN too
-        raise argument("--top-p", args.top_p, "expected a number in (0, 1]")
-    if args.seed is not None and not 0 <= args.seed < MAX_SEED:
-        raise argument("--seed", args.seed, "expected 0 <= seed < 2**63")
-    if args.threads is not None and args.threads < 1:
-        raise argument("--threads", args.threads, "expected a thread count >= 1")
-    return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+def _room(model: Any, prompt: int, asked: int) -> tuple[int, int]:
+    """The new tokens to generate, at most the cache's room after the
+    prompt (a decode step past it is refused), and the cache's length."""
+    from ..runtime.sizes import built_sizes
+
+    sizes = built_sizes(model, "prefill", "decode", "position")
+    if sizes is None:
+        return asked, 0
+    return min(asked, sizes.max_cache_len - prompt), sizes.max_cache_len
 
 
 def _manifest(output_dir: Path) -> dict[str, Any]:

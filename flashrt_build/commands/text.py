@@ -40,9 +40,9 @@ def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any,
         ids = parse_ids(args.prompt_ids)
         _check_vocabulary(ids, manifest, "--prompt-ids", args.prompt_ids)
         return None, ids
-    text = _utf8(args.prompt)
+    text = _utf8(args.prompt) if args.prompt is not None else _read_prompt(args.prompt_file)
     tokenizer = _tokenizer(args.output_dir, args.chat)
-    ids = _chat_ids(tokenizer, text, args.output_dir) if args.chat else _encode(tokenizer, text)
+    ids = _chat_ids(tokenizer, text, args.output_dir, args.system) if args.chat else _encode(tokenizer, text)
     if not ids:
         raise argument("--prompt", text, "encodes to no tokens; the package needs at least one")
     _check_vocabulary(ids, manifest, "--prompt", text)
@@ -69,6 +69,18 @@ def _utf8(text: str) -> str:
         raw, at = os.fsencode(text), len(text[: exc.start].encode())
         raise argument("--prompt", raw, f"is not valid UTF-8 (byte {raw[at : at + 1]!r} at offset {at})") from None
     return text
+
+
+def _read_prompt(path: Path) -> str:
+    """--prompt-file's text: a file's, or standard input's for `-`."""
+    try:
+        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except OSError as exc:
+        raise argument("--prompt-file", str(path), f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise argument("--prompt-file", str(path), f"is not valid UTF-8 (byte {exc.start})") from None
 
 
 def _tokenizer(output_dir: Path, chat: bool) -> Any:
@@ -109,17 +121,18 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(encoded.ids if hasattr(encoded, "ids") else encoded)
 
 
-def _chat_ids(tokenizer: Any, text: str, output_dir: Path) -> list[int]:
-    """The prompt as one user message through the tokenizer's chat template,
-    as transformers' `apply_chat_template` encodes it, the template rendered
-    under bounds (chat_template.py)."""
+def _chat_ids(tokenizer: Any, text: str, output_dir: Path, system: str | None = None) -> list[int]:
+    """The prompt as one user message (after `system`'s, when given) through
+    the tokenizer's chat template, as transformers' `apply_chat_template`
+    encodes it, the template rendered under bounds (chat_template.py)."""
     from .chat_template import render
 
     try:
         template = tokenizer.get_chat_template()
     except ValueError:
         raise argument("--chat", True, f"the tokenizer in {output_dir} has no chat template") from None
-    messages = [{"role": "user", "content": text}]
+    messages = [{"role": "system", "content": _utf8(system)}] if system is not None else []
+    messages.append({"role": "user", "content": text})
     rendered = render(template, messages, tokenizer.special_tokens_map, _template_source(output_dir))
     return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
@@ -171,13 +184,33 @@ def print_speed(prompt_tokens: int, result: Any, threads: int | None = None) -> 
     )
 
 
+def print_json(ids: list[int], result: Any, stream: Stream, stopped: str, threads: int | None) -> None:
+    """`--json`: the generation as one object on stdout, for a program to read."""
+    steps = max(result.tokens.shape[1] - 1, 1)
+    record = {
+        "prompt_ids": ids,
+        "ids": [int(t) for t in result.tokens[0].tolist()],
+        "text": stream.text if stream.tokenizer is not None else None,
+        "stopped": stopped,
+        "seed": result.seed,
+        "prefill_ms": 1e3 * result.prefill_s,
+        "decode_ms_per_token": 1e3 * result.decode_s / steps,
+        "threads": threads,
+    }
+    _write(json.dumps(record) + "\n")
+
+
 class Stream:
     """Prints the continuation as tokens arrive: text decoded from all tokens
     so far, minus what was printed (a token may complete a character), or the
-    ids themselves without a tokenizer."""
+    ids themselves without a tokenizer. With `stops`, text that could begin
+    one is held back until it cannot, and the text ends before the first one
+    found (`stopped`); `quiet` prints nothing (`--json` prints at the end)."""
 
-    def __init__(self, tokenizer: Any = None) -> None:
+    def __init__(self, tokenizer: Any = None, stops: tuple[str, ...] = (), quiet: bool = False) -> None:
         self.tokenizer, self.printed = tokenizer, ""
+        self.stops, self.quiet, self.stopped = stops, quiet, False
+        self.text = ""  # the continuation so far (to the first stop string)
         self.ids: list[int] = []
         self.mid_line = False  # printed something the final newline has not ended
         self.started = time.perf_counter()
@@ -188,19 +221,34 @@ class Stream:
             self._print(("," if len(self.ids) > 1 else "") + str(self.ids[-1]))
             return
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.startswith(self.printed) and not text.endswith("\ufffd"):  # not half a character
-            self._print(text[len(self.printed) :])
-            self.printed = text
+        if self.stopped or text.endswith("\ufffd") or not text.startswith(self.printed):  # half a character
+            return
+        found = [at for at in (text.find(stop) for stop in self.stops) if at >= 0]
+        if found:
+            text, self.stopped = text[: min(found)], True
+        self.text = text
+        shown = text if self.stopped else text[: len(text) - self._held(text)]
+        if len(shown) > len(self.printed):
+            self._print(shown[len(self.printed) :])
+            self.printed = shown
+
+    def _held(self, text: str) -> int:
+        """How much of the text's end could begin a stop string: not printed yet."""
+        return max((n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
 
     def _print(self, text: str) -> None:
+        if self.quiet:
+            return
         _write(text)
         self.mid_line = self.mid_line or bool(text)
 
     def end(self) -> None:
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and not self.stopped:
             text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            _write(text[len(self.printed) :] if text.startswith(self.printed) else "")
-        _write("\n")
+            self.text = text
+            self._print(text[len(self.printed) :] if text.startswith(self.printed) else "")
+        if not self.quiet:
+            _write("\n")
         self.mid_line = False
 
     def end_line(self) -> None:

@@ -32,6 +32,7 @@ class Generation:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     seed: int | None = None  # what sampling was seeded with (None: greedy); passed again, the same tokens
+    stopped: str = "length"  # why it stopped: "length" (max_new_tokens), "eos", or "stop" (the caller's `stop`)
 
     @property
     def decode_ms_per_token(self) -> float:
@@ -59,7 +60,9 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
+    repetition_penalty: float = 1.0,
     on_token: Callable[[torch.Tensor], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Generation:
     """Generation through a prefill and a decode method: `model.<prefill>(prompt)`
     gives the logits of every prompt position, the last one's choice is the
@@ -69,17 +72,23 @@ def generate(
     `temperature` 0 is greedy; above, it samples from the `top_k` likeliest and
     the fewest reaching `top_p`, seeded by `seed`, else from the system (each
     run its own tokens; `Generation.seed` says which, to repeat one).
-    `on_token(token [batch, 1])` sees each token as chosen (streaming: a wait
-    per step); `timed` waits for the device to time prefill and decode.
+    `repetition_penalty` above 1 makes every token the sequence holds (the
+    prompt's too) less likely, as transformers' does: a positive logit
+    divided by it, a negative one multiplied. `on_token(token [batch, 1])`
+    sees each token as chosen (streaming: a wait per step), and `stop()`,
+    asked after it, ends the generation when true (a stop string the caller
+    saw in the text); `timed` waits for the device to time prefill and decode.
     """
     _check_seed(seed)
+    if not (math.isfinite(repetition_penalty) and repetition_penalty > 0):
+        raise ValueError(f"repetition_penalty = {repetition_penalty!r}: expected a finite number > 0 (1: none)")
     _check_fits(model, prompt, max_new_tokens, (prefill, decode, position))
     if temperature > 0 and seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
     choose = _chooser(temperature, top_k, top_p, seed, prompt.device)
-    notify = on_token or (lambda token: None)
-    length = prompt.shape[1]
-    stops = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos), device=prompt.device)
+    if repetition_penalty != 1.0:
+        choose = _penalised(choose, prompt, repetition_penalty)
+    ends = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         start = time.perf_counter()
@@ -87,21 +96,13 @@ def generate(
         token = choose(logits).to(prompt.dtype)
         wait()
         prefill_s, start = time.perf_counter() - start, time.perf_counter()
-        tokens = [token]
-        notify(token)
-        step_call = _trusted(getattr(model, decode), model, decode, logits.shape[-1])
-        done = torch.isin(token, stops)
-        for step in range(1, max_new_tokens):
-            if eos is not None and bool(done.all()):
-                break
-            at = torch.full((prompt.shape[0],), length + step - 1, dtype=torch.int64, device=prompt.device)
-            token = choose(_logits(step_call(token, **{position: at}))).to(prompt.dtype)
-            tokens.append(token)
-            notify(token)
-            done |= torch.isin(token, stops)
+        steps = _Steps(_trusted(getattr(model, decode), model, decode, logits.shape[-1]), position, choose,
+                       on_token or (lambda token: None), stop, ends)  # fmt: skip
+        steps.notify(token)
+        tokens, stopped = steps.run(token, prompt.shape[1], max_new_tokens)
         wait()
         decode_s = time.perf_counter() - start if len(tokens) > 1 else 0.0
-    result = Generation(torch.cat(tokens, dim=1), seed=seed if temperature > 0 else None)
+    result = Generation(torch.cat(tokens, dim=1), seed=seed if temperature > 0 else None, stopped=stopped)
     if timed:
         result.prefill_s, result.decode_s = prefill_s, decode_s
     return result
@@ -162,6 +163,57 @@ def _chooser(
         return torch.multinomial(scores.softmax(-1), 1, generator=generator)
 
     return sample
+
+
+@dataclass
+class _Steps:
+    """The decode steps after prefill's token: each at the next position, its
+    token chosen, seen (`notify`), until `max_new_tokens`, every sequence's
+    end-of-sequence token (`eos`), or the caller's `stop()`."""
+
+    call: Callable[..., Any]
+    position: str
+    choose: Callable[[torch.Tensor], torch.Tensor]
+    notify: Callable[[torch.Tensor], None]
+    stop: Callable[[], bool] | None
+    eos: torch.Tensor | None
+
+    def run(self, token: torch.Tensor, length: int, max_new_tokens: int) -> tuple[list[torch.Tensor], str]:
+        tokens, ends = [token], self.eos
+        done = torch.isin(token, ends) if ends is not None else None
+        for step in range(1, max_new_tokens + 1):
+            if done is not None and bool(done.all()):
+                return tokens, "eos"
+            if self.stop is not None and self.stop():
+                return tokens, "stop"
+            if step == max_new_tokens:
+                break
+            at = torch.full((token.shape[0],), length + step - 1, dtype=torch.int64, device=token.device)
+            token = self.choose(_logits(self.call(token, **{self.position: at}))).to(token.dtype)
+            tokens.append(token)
+            self.notify(token)
+            if done is not None and ends is not None:
+                done |= torch.isin(token, ends)
+        return tokens, "length"
+
+
+def _penalised(
+    choose: Callable[[torch.Tensor], torch.Tensor], prompt: torch.Tensor, penalty: float
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`choose` over logits in which every token seen so far (the prompt, and
+    each chosen one, which it remembers) is `penalty` times less likely."""
+    seen = [prompt]
+
+    def choose_penalised(logits: torch.Tensor) -> torch.Tensor:
+        last = logits[:, -1:].float().clone()
+        ids = torch.cat(seen, dim=1)
+        scores = last[:, 0].gather(1, ids)
+        last[:, 0].scatter_(1, ids, torch.where(scores < 0, scores * penalty, scores / penalty))
+        token = choose(last)
+        seen.append(token.to(prompt.dtype))
+        return token
+
+    return choose_penalised
 
 
 def _logits(out: Any) -> torch.Tensor:

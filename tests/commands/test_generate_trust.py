@@ -210,7 +210,7 @@ def test_a_directory_without_a_build_is_a_wrong_command_line(tmp_path: Path) -> 
 
 
 def test_the_help_describes_the_command_in_a_full_sentence() -> None:
-    from flashrt_build.commands.generate import DESCRIPTION
+    from flashrt_build.commands.generate_options import DESCRIPTION
 
     done = generate_cli("--help")
     assert done.returncode == 0

@@ -132,6 +132,50 @@ def test_text_in_text_out(llama_lm_build: tuple[flashrt_build.BuildResult, Path]
     assert too_long.returncode == 2 and "'module.max_prompt' = 32" in too_long.stderr  # the key a user sets
 
 
+def test_generate_as_people_know_it(llama_lm_build: tuple[flashrt_build.BuildResult, Path], tmp_path: Path) -> None:
+    """The flags of transformers' generate and llama.cpp: --json, --ignore-eos,
+    --repetition-penalty (transformers' own tokens), --stop, --system,
+    --prompt-file (stdin), --weights (another checkpoint, no rebuild), and a
+    cache's end that stops with a note, not an error."""
+    import transformers
+
+    result, model_dir = llama_lm_build
+    out = result.output_dir
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+
+    def as_json(*args: str | Path, stdin: str | None = None) -> dict:
+        done = subprocess.run([sys.executable, "-m", "flashrt_build.generate", out, "--json", *map(str, args)],
+                              capture_output=True, text=True, timeout=300, input=stdin)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    long = as_json("--prompt-ids", "3,1,4", "--max-new-tokens", "20", "--ignore-eos")
+    assert len(long["ids"]) == 20 and long["stopped"] == "length" and long["prompt_ids"] == [3, 1, 4]
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        settings = {"max_new_tokens": 12, "min_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0}
+        prompt = torch.tensor([[3, 1, 4]])
+        penalised = model.generate(prompt, do_sample=False, repetition_penalty=1.5, **settings)[0, 3:].tolist()
+    ours = as_json("--prompt-ids", "3,1,4", "--max-new-tokens", "12", "--ignore-eos", "--repetition-penalty", "1.5")
+    assert ours["ids"] == penalised and ours["ids"] != long["ids"][:12]
+    plain = as_json("--prompt", "Once upon a", "--max-new-tokens", "16", "--ignore-eos")
+    stop = plain["text"][5:8]
+    stopped = as_json("--prompt", "Once upon a", "--max-new-tokens", "16", "--ignore-eos", "--stop", stop)
+    assert stopped["stopped"] == "stop" and stopped["text"] == plain["text"][: plain["text"].index(stop)]
+    piped = as_json("--prompt-file", "-", "--max-new-tokens", "16", "--ignore-eos", stdin="Once upon a")
+    assert piped["text"] == plain["text"]
+    system = as_json("--prompt", "hi", "--chat", "--system", "be brief", "--max-new-tokens", "2")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert system["prompt_ids"] == tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                                 return_dict=False)  # fmt: skip
+    other = save_family("llama", tmp_path / "other", seed=2)
+    swapped = as_json("--prompt-ids", "3,1,4", "--max-new-tokens", "9", "--ignore-eos", "--weights", other)
+    assert swapped["ids"] == transformers_tokens(other, torch.tensor([[3, 1, 4]]), 9)[0].tolist()
+    full = generate_cli(out, "--prompt-ids", "3,1,4", "--max-new-tokens", "500", "--ignore-eos")
+    assert full.returncode == 0 and "stopped at the cache's end: module.max_cache_len=64" in full.stderr
+    assert len(full.stdout.strip().split(",")) == 64 - 3
+
+
 def test_a_sweep_over_directories_gives_each_its_folder_and_reuses_the_compile(
     llama_lm_build: tuple[flashrt_build.BuildResult, Path], tmp_path: Path
 ) -> None:
