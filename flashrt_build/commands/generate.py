@@ -36,19 +36,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifact import foreign_entries
 from ..errors import (
-    ArtifactError,
     FlashrtError,
     Interrupted,
     exit_interrupted,
     report_failure,
     stop_on_signals,
 )
-from ..runtime.hashing import altered_digest, check_served_files
 from ..runtime.manifest import NoBuild, manifest_methods, read_manifest
+from ..runtime.tokenizer import check_serving_dir, eos_tokens
 from .generate_options import PROG, check_flags, parser
-from .text import StdoutError, Stream, eos_tokens, print_json, print_speed, prompt_ids
+from .text import StdoutError, Stream, print_json, print_speed, prompt_ids
 
 EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
 METHODS = ("prefill", "decode")  # what `generate` calls
@@ -131,7 +129,7 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
     sampling = check_flags(args)
     manifest = _manifest(args.output_dir)
     _check_methods(args.output_dir, manifest)
-    _check_served(args.output_dir, manifest)
+    check_serving_dir(args.output_dir, manifest)
     tokenizer, ids = prompt_ids(args, manifest)
     torch, load, generate = _runtime()
     device = _device(args.device, manifest)
@@ -183,28 +181,6 @@ def _check_methods(output_dir: Path, manifest: dict[str, Any]) -> None:
                 f"{output_dir} has no method '{name}'; its methods: {', '.join(methods)} (generate serves a package "
                 "of a prefill and a decode method, as +module=causal_lm builds)"
             )
-
-
-def _check_served(output_dir: Path, manifest: dict[str, Any]) -> None:
-    """Every file a tokenizer reads is one the build wrote, as it wrote it:
-    listed in the manifest, its digest matching (an edited or added
-    tokenizer file changes the prompt's ids and the text). No entry of the
-    directory is left out of that: transformers reads more than any fixed
-    list of names (`additional_chat_templates/*.jinja` replaces the chat
-    template), so anything the manifest does not list is refused, before a
-    tokenizer reads a byte."""
-    check_served_files(output_dir, manifest)  # an edited served file, named with both digests
-    served = {record["file"] for record in manifest.get("files") or []}
-
-    def altered(path: Path, record: Any) -> bool:  # the package and its weights: `load` checks their digests
-        return path.name in served and altered_digest(path, record) is not None
-
-    foreign = foreign_entries(output_dir, altered)
-    if foreign:
-        raise ArtifactError(
-            f"{output_dir} holds entries its build did not write (its manifest does not list them), which a "
-            f"tokenizer may read: {', '.join(foreign)}; refusing to serve from it"
-        )
 
 
 def _threads(given: int | None, device: Any) -> int | None:

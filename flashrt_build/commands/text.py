@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArtifactError, ConfigError, FlashrtError
+from ..errors import ConfigError, FlashrtError
 from ..runtime.manifest import manifest_methods
+from ..runtime.tokenizer import served_tokenizer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 MAX_SEED = 2**63  # --seed is from 0 to this, less one (torch's generator takes an int64)
 TOKEN_ID = re.compile(r"[+-]?[0-9]+")
 
@@ -41,7 +41,7 @@ def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any,
         _check_vocabulary(ids, manifest, "--prompt-ids", args.prompt_ids)
         return None, ids
     text = _utf8(args.prompt) if args.prompt is not None else _read_prompt(args.prompt_file)
-    tokenizer = _tokenizer(args.output_dir, args.chat)
+    tokenizer = served_tokenizer(args.output_dir, chat=args.chat, prompt="--prompt")
     ids = _chat_ids(tokenizer, text, args.output_dir, args.system) if args.chat else _encode(tokenizer, text)
     if not ids:
         raise argument("--prompt", text, "encodes to no tokens; the package needs at least one")
@@ -83,39 +83,6 @@ def _read_prompt(path: Path) -> str:
         raise argument("--prompt-file", str(path), f"is not valid UTF-8 (byte {exc.start})") from None
 
 
-def _tokenizer(output_dir: Path, chat: bool) -> Any:
-    """The tokenizer the build copied: transformers' when installed (chat
-    templates, every tokenizer kind), else a tokenizer.json through the
-    `tokenizers` library."""
-    if not any((output_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise argument("--prompt", str(output_dir), "holds no tokenizer (tokenizer.json): give --prompt-ids instead")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        return _plain_tokenizer(output_dir, chat)
-    # a tokenizer_config.json's auto_map names code of its own: never asked about, never run
-    return AutoTokenizer.from_pretrained(output_dir, local_files_only=True, trust_remote_code=False)
-
-
-def _plain_tokenizer(output_dir: Path, chat: bool) -> Any:
-    """A tokenizer.json through the `tokenizers` library, where transformers is not installed."""
-    if chat:
-        raise argument("--chat", True, "applying a chat template needs transformers: pip install transformers")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise argument(
-            "--prompt",
-            str(output_dir),
-            "encoding text needs a tokenizer library: pip install tokenizers (or transformers, for every "
-            "tokenizer kind and --chat); --prompt-ids serves token ids without one",
-        ) from None
-    path = output_dir / "tokenizer.json"
-    if not path.is_file():
-        raise argument("--prompt", str(output_dir), "its tokenizer needs transformers: pip install transformers")
-    return Tokenizer.from_file(str(path))
-
-
 def _encode(tokenizer: Any, text: str) -> list[int]:
     encoded = tokenizer.encode(text)
     return list(encoded.ids if hasattr(encoded, "ids") else encoded)
@@ -153,20 +120,6 @@ def _check_vocabulary(ids: list[int], manifest: dict[str, Any], flag: str, given
     if outside:
         accepted = f"{'-inf' if low is None else low} to {'inf' if high is None else high - 1}"
         raise argument(flag, given, f"token id {outside[0]} is outside the package's vocabulary, {accepted}")
-
-
-def eos_tokens(output_dir: Path, tokenizer: Any) -> set[int] | None:
-    """The model's end-of-sequence tokens: its generation config's, else its tokenizer's."""
-    path = output_dir / "generation_config.json"
-    if path.is_file():
-        try:
-            found = json.loads(path.read_bytes()).get("eos_token_id")
-        except (ValueError, AttributeError) as exc:  # a build from before the build checked it
-            raise ArtifactError(f"{path} is not a JSON object ({exc}); rebuild the package") from None
-        if found is not None:
-            return set(found) if isinstance(found, list) else {int(found)}
-    found = getattr(tokenizer, "eos_token_id", None)
-    return {int(found)} if found is not None else None
 
 
 def print_speed(prompt_tokens: int, result: Any, threads: int | None = None) -> None:

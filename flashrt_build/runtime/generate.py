@@ -11,13 +11,15 @@ import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, overload
 
 import torch
 
 from .sizes import PromptRefused, built_sizes, check_request, declared_inputs, model_positions
+from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer
 
-__all__ = ["Generation", "PromptRefused", "generate"]
+__all__ = ["Generation", "PromptRefused", "generate", "generate_ids"]
 
 MAX_SEED = 2**63  # seeds are from 0 to this, less one: what torch.Generator.manual_seed takes as an int64
 
@@ -46,7 +48,41 @@ class Generation:
         return self.tokens.shape[1] / total if total else float("inf")
 
 
-def generate(
+@overload
+def generate(model: Any, prompt: str, max_new_tokens: int = 64, **options: Any) -> str: ...
+@overload
+def generate(model: Any, prompt: list[int], max_new_tokens: int = 64, **options: Any) -> list[int]: ...
+@overload
+def generate(model: Any, prompt: torch.Tensor, max_new_tokens: int = 64, **options: Any) -> Generation: ...
+def generate(model: Any, prompt: Any, max_new_tokens: int = 64, **options: Any) -> Any:
+    """Text in, text out: `generate(OUTPUT_DIR or a loaded package, "Once
+    upon a time", 32)` encodes the prompt with the tokenizer the build copied
+    beside the package (its files checked first), stops at the model's
+    end-of-sequence tokens, and returns the continuation's text; a list of
+    token ids returns the new ids. A tensor [batch, length] of ids returns a
+    `Generation` (`generate_ids`: its options, and what it returns)."""
+    if isinstance(model, (str, Path)):
+        from .load import load
+
+        model = load(model)
+    if isinstance(prompt, torch.Tensor):
+        return generate_ids(model, prompt, max_new_tokens, **options)
+    output_dir = Path(model.output_dir)
+    tokenizer = None
+    if isinstance(prompt, str):
+        check_serving_dir(output_dir, model.manifest)
+        tokenizer = served_tokenizer(output_dir)
+        encoded = tokenizer.encode(prompt)
+        prompt = list(encoded.ids if hasattr(encoded, "ids") else encoded)
+    elif not (isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt)):
+        raise TypeError(f"prompt: expected text, a list of token ids or a tensor of them, got {type(prompt).__name__}")
+    options.setdefault("eos", eos_tokens(output_dir, tokenizer))
+    ids = torch.tensor([prompt], dtype=torch.int64, device=model.device)
+    new = generate_ids(model, ids, max_new_tokens, **options).tokens[0].tolist()
+    return new if tokenizer is None else tokenizer.decode(new, skip_special_tokens=True)
+
+
+def generate_ids(
     model: Any,
     prompt: torch.Tensor,
     max_new_tokens: int,

@@ -176,6 +176,27 @@ def test_generate_as_people_know_it(llama_lm_build: tuple[flashrt_build.BuildRes
     assert len(full.stdout.strip().split(",")) == 64 - 3
 
 
+def test_text_in_text_out_from_python(llama_lm_build: tuple[flashrt_build.BuildResult, Path]) -> None:
+    """`flashrt_build.generate(OUT, "text", n)`: the tokenizer beside the
+    package, the model's end-of-sequence tokens, text back; token ids back
+    for token ids; its files checked as the command checks them."""
+    from transformers import AutoTokenizer
+
+    result, model_dir = llama_lm_build
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eos = json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"]
+    prompt = torch.tensor([tokenizer.encode("Once upon a")])
+    expected = transformers_tokens(model_dir, prompt, 12, eos=eos)[0].tolist()
+    text = flashrt_build.generate(result.output_dir, "Once upon a", 12)
+    assert text == tokenizer.decode(expected, skip_special_tokens=True)
+    loaded = flashrt_build.load(result.output_dir)
+    assert flashrt_build.generate(loaded, prompt[0].tolist(), 12) == expected
+    assert (
+        flashrt_build.generate(loaded, prompt, 12).tokens[0].tolist()
+        == transformers_tokens(model_dir, prompt, 12)[0].tolist()
+    )  # a tensor: the Generation, no end-of-sequence unless given
+
+
 def test_a_sweep_over_directories_gives_each_its_folder_and_reuses_the_compile(
     llama_lm_build: tuple[flashrt_build.BuildResult, Path], tmp_path: Path
 ) -> None:

@@ -1,0 +1,88 @@
+"""The tokenizer a build copied beside its package, for text in and text
+out (`generate` with text, `python -m flashrt_build.generate`): every file
+of the directory one its build wrote, as it wrote it (a tokenizer reads more
+than any fixed list of names), then transformers' `AutoTokenizer` where it is
+installed (no code of a directory's own ever run) or the `tokenizers`
+library for a `tokenizer.json`; and the model's end-of-sequence tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..artifact import foreign_entries
+from ..errors import ArtifactError, ConfigError
+from .hashing import altered_digest, check_served_files
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def check_serving_dir(output_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every served file as its build wrote it (digests), and no entry the
+    manifest does not list (`additional_chat_templates/*.jinja` would replace
+    the chat template), before a tokenizer reads a byte."""
+    check_served_files(output_dir, manifest)
+    served = {record["file"] for record in manifest.get("files") or []}
+
+    def altered(path: Path, record: Any) -> bool:  # the package and its weights: `load` checks their digests
+        return path.name in served and altered_digest(path, record) is not None
+
+    foreign = foreign_entries(output_dir, altered)
+    if foreign:
+        raise ArtifactError(
+            f"{output_dir} holds entries its build did not write (its manifest does not list them), which a "
+            f"tokenizer may read: {', '.join(foreign)}; refusing to serve from it"
+        )
+
+
+def served_tokenizer(output_dir: Path, chat: bool = False, prompt: str = "prompt") -> Any:
+    """The tokenizer the build copied: transformers' when installed (chat
+    templates, every tokenizer kind), else a tokenizer.json through the
+    `tokenizers` library; `prompt` names the argument a refusal names."""
+    if not any((output_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise _refused(prompt, output_dir, "holds no tokenizer (tokenizer.json): give token ids instead (--prompt-ids)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return _plain_tokenizer(output_dir, chat, prompt)
+    # a tokenizer_config.json's auto_map names code of its own: never asked about, never run
+    return AutoTokenizer.from_pretrained(output_dir, local_files_only=True, trust_remote_code=False)
+
+
+def _plain_tokenizer(output_dir: Path, chat: bool, prompt: str) -> Any:
+    """A tokenizer.json through the `tokenizers` library, where transformers is not installed."""
+    if chat:
+        raise ConfigError("--chat", True, "applying a chat template needs transformers: pip install transformers",
+                          kind="argument")  # fmt: skip
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise _refused(
+            prompt,
+            output_dir,
+            "encoding text needs a tokenizer library: pip install tokenizers (or transformers, for every "
+            "tokenizer kind and --chat); token ids (--prompt-ids) are served without one",
+        ) from None
+    path = output_dir / "tokenizer.json"
+    if not path.is_file():
+        raise _refused(prompt, output_dir, "its tokenizer needs transformers: pip install transformers")
+    return Tokenizer.from_file(str(path))
+
+
+def _refused(prompt: str, output_dir: Path, expected: str) -> ConfigError:
+    return ConfigError(prompt, str(output_dir), expected, kind="argument")
+
+
+def eos_tokens(output_dir: Path, tokenizer: Any) -> set[int] | None:
+    """The model's end-of-sequence tokens: its generation config's, else its tokenizer's."""
+    path = output_dir / "generation_config.json"
+    if path.is_file():
+        try:
+            found = json.loads(path.read_bytes()).get("eos_token_id")
+        except (ValueError, AttributeError) as exc:  # a build from before the build checked it
+            raise ArtifactError(f"{path} is not a JSON object ({exc}); rebuild the package") from None
+        if found is not None:
+            return set(found) if isinstance(found, list) else {int(found)}
+    found = getattr(tokenizer, "eos_token_id", None)
+    return {int(found)} if found is not None else None
