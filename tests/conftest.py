@@ -146,6 +146,14 @@ def roi_align_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.B
 
 
 @pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Llama saved with save_pretrained (tests/llm_families.py); tests change copies of it only."""
+    from llm_families import save_family
+
+    return save_family("llama", tmp_path_factory.mktemp("saved") / "llama")
+
+
+@pytest.fixture(scope="session")
 def llama_lm_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_build.BuildResult, Path]:
     """A 2-layer Llama saved with save_pretrained beside a byte-level tokenizer
     (tests/llm_families.py), built with the shipped causal_lm config,

@@ -70,3 +70,17 @@ def save_tokenizer(directory: Path) -> None:
         "{% for m in messages %}<{{ m['content'] }}>{% endfor %}{% if add_generation_prompt %}:{% endif %}"
     )
     fast.save_pretrained(directory)
+
+
+def copied(directory: Path, where: Path) -> Path:
+    """A copy of a saved model's directory, to change without touching the original."""
+    import shutil
+
+    shutil.copytree(directory, where)
+    return where
+
+
+def causal_lm_overrides(directory: Path | str, root: Path, *more: str) -> list[str]:
+    """`+module=causal_lm` of `directory` with a short cache, into `root`."""
+    return ["+module=causal_lm", f"module.pretrained={directory}", "module.max_cache_len=32", f"output_root={root}",
+            *more]  # fmt: skip

@@ -137,7 +137,7 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
     stream.tokenizer, stream.stops, stream.quiet = tokenizer, tuple(args.stop), args.json
     eos = None if args.ignore_eos else eos_tokens(args.output_dir, tokenizer)
-    new, room = _room(model, len(ids), args.max_new_tokens)
+    new, full = _room(model, len(ids), args.max_new_tokens)
     result = generate(model, prompt, new, eos=eos, timed=True, on_token=stream, stop=lambda: stream.stopped, **sampling)
     stream.end()
     stopped = "cache" if result.stopped == "length" and new < args.max_new_tokens else result.stopped
@@ -146,22 +146,28 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
         return 0
     print_speed(len(ids), result, model.threads)
     if stopped == "cache":
-        print(f"stopped at the cache's end: module.max_cache_len={room} holds the prompt's {len(ids)} tokens and "
-              f"{new} new ones; a build with a longer cache generates more", file=sys.stderr)  # fmt: skip
+        print(f"stopped at the cache's end after {new} new tokens: {full}", file=sys.stderr)
     if result.seed is not None:  # what repeats this run's tokens
         print(f"seed: {result.seed} (--seed {result.seed} repeats these tokens)", file=sys.stderr)
     return 0
 
 
-def _room(model: Any, prompt: int, asked: int) -> tuple[int, int]:
-    """The new tokens to generate, at most the cache's room after the
-    prompt (a decode step past it is refused), and the cache's length."""
-    from ..runtime.sizes import built_sizes
+def _room(model: Any, prompt: int, asked: int) -> tuple[int, str | None]:
+    """The new tokens to generate: as asked, or as many as the cache holds
+    after the prompt, with why in the words of the key that would build a
+    longer one (a prompt the package does not take is refused as ever)."""
+    from ..runtime.sizes import PromptRefused, built_sizes, check_request, model_positions
 
     sizes = built_sizes(model, "prefill", "decode", "position")
     if sizes is None:
-        return asked, 0
-    return min(asked, sizes.max_cache_len - prompt), sizes.max_cache_len
+        return asked, None
+    try:
+        check_request(sizes, sizes.batch, prompt, asked, lambda: model_positions(model.manifest))
+    except PromptRefused as full:
+        if full.key != "module.max_cache_len" or sizes.max_cache_len <= prompt:
+            raise
+        return sizes.max_cache_len - prompt, str(full)
+    return asked, None
 
 
 def _manifest(output_dir: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from clitools import QUIET, cli
-from llm_families import save_family
+from llm_families import causal_lm_overrides, copied
 from safetensors.torch import load_file, save_file
 
 import flashrt_build
@@ -35,21 +35,6 @@ class EvilLM(LlamaForCausalLM):
 UP_TO_THE_CACHE = "from 1 to module.max_cache_len (32)"
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_family("llama", tmp_path_factory.mktemp("pretrained") / "llama")
-
-
-def copy_of(llama_dir: Path, where: Path) -> Path:
-    shutil.copytree(llama_dir, where)
-    return where
-
-
-def llm(directory: Path | str, root: Path, *more: str) -> list[str]:
-    return ["+module=causal_lm", f"module.pretrained={directory}", "module.max_cache_len=32", f"output_root={root}",
-            *more]  # fmt: skip
-
-
 def with_code(directory: Path, marker: Path, model_type: str) -> Path:
     """`directory` with its own modeling code (which writes `marker` when run), mapped by auto_map."""
     (directory / "modeling_evil.py").write_text(EVIL.format(marker=str(marker)))
@@ -65,7 +50,7 @@ def with_code(directory: Path, marker: Path, model_type: str) -> Path:
 
 def test_an_index_that_names_a_shard_outside_the_directory_is_refused(llama_dir: Path, tmp_path: Path) -> None:
     """Today transformers would read it, and no build key would hold it."""
-    model = copy_of(llama_dir, tmp_path / "model")
+    model = copied(llama_dir, tmp_path / "model")
     index = model / "model.safetensors.index.json"
     content = json.loads(index.read_text())
     (tmp_path / "elsewhere").mkdir()
@@ -76,7 +61,7 @@ def test_an_index_that_names_a_shard_outside_the_directory_is_refused(llama_dir:
     content["weight_map"] = {k: outside if v == shard else v for k, v in content["weight_map"].items()}
     index.write_text(json.dumps(content))
     with pytest.raises(ConfigError, match=r"module.pretrained.*weight_map names '\.\./elsewhere/x\.safetensors'"):
-        make_plan(compose(llm(model, tmp_path / "out")))
+        make_plan(compose(causal_lm_overrides(model, tmp_path / "out")))
 
 
 def test_a_shard_that_is_a_link_is_read_and_keyed_by_what_it_holds(llama_dir: Path, tmp_path: Path) -> None:
@@ -86,7 +71,7 @@ def test_a_shard_that_is_a_link_is_read_and_keyed_by_what_it_holds(llama_dir: Pa
     model.mkdir()
     for file in blobs.iterdir():
         (model / file.name).symlink_to(file)
-    plan = make_plan(compose(llm(model, tmp_path / "out")))
+    plan = make_plan(compose(causal_lm_overrides(model, tmp_path / "out")))
     shards = [f for f in plan.spec.input_files if f.name.endswith(".safetensors")]
     assert shards and all(f.path.is_symlink() for f in shards)
     assert {f.label for f in shards} <= set(plan.digests)
@@ -98,7 +83,7 @@ def test_a_directory_of_two_checkpoints_is_read_as_transformers_reads_it(llama_d
     with other weights; a config.json's transformers_weights wins over both."""
     from flashrt_build.runtime.formats import resolve_checkpoint
 
-    model = copy_of(llama_dir, tmp_path / "model")
+    model = copied(llama_dir, tmp_path / "model")
     tensors = {k: v * 0.5 for f in sorted(model.glob("model-*.safetensors")) for k, v in load_file(f).items()}
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
     assert resolve_checkpoint("weights", str(model), model).files == (model / "model.safetensors",)
@@ -112,17 +97,17 @@ def test_a_directory_of_two_checkpoints_is_read_as_transformers_reads_it(llama_d
 
 
 def test_a_link_loop_is_named_never_walked(llama_dir: Path, tmp_path: Path) -> None:
-    model = copy_of(llama_dir, tmp_path / "model")
+    model = copied(llama_dir, tmp_path / "model")
     (model / "again").symlink_to(".")
     with pytest.raises(ConfigError, match=r"module.pretrained.*holds again, a link to .*a directory it is in: a loop"):
-        make_plan(compose(llm(model, tmp_path / "out")))
+        make_plan(compose(causal_lm_overrides(model, tmp_path / "out")))
 
 
 def test_a_file_is_not_a_save_pretrained_directory(llama_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'module.pretrained' = .*config.json.*is a file; give the save_pretrained"):
-        make_plan(compose(llm(llama_dir / "config.json", tmp_path / "out")))
+        make_plan(compose(causal_lm_overrides(llama_dir / "config.json", tmp_path / "out")))
     with pytest.raises(ConfigError, match=r"'module.pretrained' = .*: no such directory"):
-        make_plan(compose(llm(tmp_path / "absent", tmp_path / "out")))
+        make_plan(compose(causal_lm_overrides(tmp_path / "absent", tmp_path / "out")))
 
 
 def test_an_llm_lands_in_its_directorys_folder_and_records_absolute_paths(
@@ -133,17 +118,17 @@ def test_an_llm_lands_in_its_directorys_folder_and_records_absolute_paths(
     from llm_families import save_tokenizer
 
     work = tmp_path / "work"
-    model = copy_of(llama_dir, work / "my_qwen")
+    model = copied(llama_dir, work / "my_qwen")
     save_tokenizer(model)
     monkeypatch.chdir(work)
-    here = make_plan(compose(llm("my_qwen", Path("out"))))
+    here = make_plan(compose(causal_lm_overrides("my_qwen", Path("out"))))
     spec = here.spec
     assert spec.output_dir == work / "out" / "my_qwen" / "cpu-baked-default-module.max_cache_len_32"
     module = spec.config["module"]
     assert module["pretrained"] == module["model"]["pretrained"] == str(model)
     assert module["files"] and all(Path(f).is_absolute() and Path(f).parent == model for f in module["files"])
     monkeypatch.chdir(tmp_path)  # the recorded config, from elsewhere: the same files, the same key
-    elsewhere = make_plan(compose(llm(module["pretrained"], work / "out")))
+    elsewhere = make_plan(compose(causal_lm_overrides(module["pretrained"], work / "out")))
     assert elsewhere.keys == here.keys and elsewhere.spec.input_files == spec.input_files
 
 
@@ -162,7 +147,7 @@ def test_the_keys_a_user_sets_are_the_keys_named(
 ) -> None:
     """Today: the derived keys (`module.methods.decode.inputs.position.high`), or after instantiating it."""
     with pytest.raises(ConfigError) as raised:
-        make_plan(compose(llm(llama_dir, tmp_path / "out", *overrides)))
+        make_plan(compose(causal_lm_overrides(llama_dir, tmp_path / "out", *overrides)))
     assert f"config key {key}: {said}" in str(raised.value) and "module.methods" not in str(raised.value)
 
 
@@ -172,7 +157,7 @@ def test_a_tensor_that_does_not_fit_exits_2_naming_it(
     llama_dir: Path, tmp_path: Path, fault: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Named by the key the user set, in one line: no report table of transformers' on the terminal."""
-    model = copy_of(llama_dir, tmp_path / "model")
+    model = copied(llama_dir, tmp_path / "model")
     index = model / "model.safetensors.index.json"
     content = json.loads(index.read_text())
     name = "model.layers.0.self_attn.q_proj.weight"
@@ -187,10 +172,10 @@ def test_a_tensor_that_does_not_fit_exits_2_naming_it(
         said = f"1 wrong shape: {name} [63, 64] (the model expects [64, 64])"
     save_file(tensors, str(shard), metadata={"format": "pt"})
     with pytest.raises(ConfigError) as raised:
-        flashrt_build.build(compose(llm(model, tmp_path / "out")))
+        flashrt_build.build(compose(causal_lm_overrides(model, tmp_path / "out")))
     assert raised.value.key == "module.pretrained" and said in str(raised.value)
     assert "LOAD REPORT" not in capfd.readouterr().err
-    result = cli(*llm(model, tmp_path / "out"))
+    result = cli(*causal_lm_overrides(model, tmp_path / "out"))
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr
 
 
@@ -226,9 +211,9 @@ def cli_python() -> list[str]:
 def test_a_release_refuses_a_directory_with_its_own_code_before_reading_it(llama_dir: Path, tmp_path: Path) -> None:
     """`yes | B ... release=true` ran the directory's code and published a release."""
     marker = tmp_path / "ran"
-    model = with_code(copy_of(llama_dir, tmp_path / "model"), marker, "llama")
+    model = with_code(copied(llama_dir, tmp_path / "model"), marker, "llama")
     result = subprocess.run(
-        [*cli_python(), "-m", "flashrt_build", *llm(model, tmp_path / "out", "release=true")],
+        [*cli_python(), "-m", "flashrt_build", *causal_lm_overrides(model, tmp_path / "out", "release=true")],
         input="y\n" * 20, capture_output=True, text=True, timeout=600, env={**__import__("os").environ, **QUIET},
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
@@ -243,9 +228,9 @@ def test_without_trust_remote_code_no_prompt_and_no_code_runs(llama_dir: Path, t
     that would run it; one it ships (auto_map left in a config) is built with
     transformers' own class. Neither asks on the terminal."""
     marker = tmp_path / "ran"
-    unknown = with_code(copy_of(llama_dir, tmp_path / "unknown"), marker, "evil_lm")
+    unknown = with_code(copied(llama_dir, tmp_path / "unknown"), marker, "evil_lm")
     result = subprocess.run(
-        [*cli_python(), "-m", "flashrt_build", *llm(unknown, tmp_path / "out")],
+        [*cli_python(), "-m", "flashrt_build", *causal_lm_overrides(unknown, tmp_path / "out")],
         input="y\n" * 20, capture_output=True, text=True, timeout=600, env={**__import__("os").environ, **QUIET},
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
@@ -253,8 +238,8 @@ def test_without_trust_remote_code_no_prompt_and_no_code_runs(llama_dir: Path, t
     assert "[y/N]" not in result.stdout and not marker.exists()
     from flashrt_build.stages.module import instantiate_module
 
-    known = with_code(copy_of(llama_dir, tmp_path / "known"), marker, "llama")
-    module = instantiate_module(make_plan(compose(llm(known, tmp_path / "out"))).spec)
+    known = with_code(copied(llama_dir, tmp_path / "known"), marker, "llama")
+    module = instantiate_module(make_plan(compose(causal_lm_overrides(known, tmp_path / "out"))).spec)
     assert type(module._model).__module__.startswith("transformers.") and not marker.exists()
 
 
@@ -280,7 +265,9 @@ def test_weights_that_unpickle_only_by_running_code_or_a_cache_too_large_are_con
     from flashrt_build.stages.module import instantiate_module
 
     with pytest.raises(ConfigError, match=r"'module.pretrained' = .*unpickles only by running code"):
-        instantiate_module(make_plan(compose(llm(model, tmp_path / "out"))).spec)
+        instantiate_module(make_plan(compose(causal_lm_overrides(model, tmp_path / "out"))).spec)
     assert not marker.exists()
     with pytest.raises(ConfigError, match=r"'module.batch' = 100000000: a KV cache of 100000000 sequence"):
-        instantiate_module(make_plan(compose(llm(llama_dir, tmp_path / "out", "module.batch=100000000"))).spec)
+        instantiate_module(
+            make_plan(compose(causal_lm_overrides(llama_dir, tmp_path / "out", "module.batch=100000000"))).spec
+        )

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from llm_families import save_family
+from llm_families import causal_lm_overrides, copied
 from safetensors.torch import load_file, save_file
 
 from flashrt_build.cache.digests import DigestCache
@@ -20,21 +19,6 @@ from flashrt_build.cache.plan import make_plan
 from flashrt_build.config.command_line import check_command_line
 from flashrt_build.config.compose import compose
 from flashrt_build.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_family("llama", tmp_path_factory.mktemp("refusals") / "llama")
-
-
-def copy_of(source: Path, where: Path) -> Path:
-    shutil.copytree(source, where)
-    return where
-
-
-def llm(directory: Path | str, root: Path, *more: str) -> list[str]:
-    return ["+module=causal_lm", f"module.pretrained={directory}", "module.max_cache_len=32", f"output_root={root}",
-            *more]  # fmt: skip
 
 
 def refused(overrides: list[str], config_dir: Path | None = None) -> ConfigError:
@@ -46,8 +30,8 @@ def refused(overrides: list[str], config_dir: Path | None = None) -> ConfigError
 def test_two_jobs_of_a_sweep_that_would_share_a_folder_are_refused(llama_dir: Path, tmp_path: Path) -> None:
     """Two directories of one name: each job's folder is named after it, and
     the later build replaced the earlier one in silence."""
-    a = copy_of(llama_dir, tmp_path / "a" / "llama")
-    b = copy_of(llama_dir, tmp_path / "b" / "llama")
+    a = copied(llama_dir, tmp_path / "a" / "llama")
+    b = copied(llama_dir, tmp_path / "b" / "llama")
     with pytest.raises(ConfigError, match=r"'output_dir' = .*llama/cpu-baked-default.*: is also sweep job 1's.*"
                                           r"module.name=.*\(sweep job 2 of 2"):  # fmt: skip
         check_command_line(["-m", "+module=causal_lm", f"module.pretrained={a},{b}", f"output_root={tmp_path}"])
@@ -66,29 +50,29 @@ def test_an_output_dir_in_the_store_is_refused(tmp_path: Path) -> None:
 
 
 def test_odd_values_and_files_in_a_pretrained_directory_are_named(llama_dir: Path, tmp_path: Path) -> None:
-    model = copy_of(llama_dir, tmp_path / "model")
+    model = copied(llama_dir, tmp_path / "model")
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "vocab_size": True}))
-    assert "whose vocab_size is True, not a size" in str(refused(llm(model, tmp_path / "out")))
+    assert "whose vocab_size is True, not a size" in str(refused(causal_lm_overrides(model, tmp_path / "out")))
     (model / "config.json").write_text(json.dumps(config))
     (model / "generation_config.json").write_text('{"temperature": NaN}')
-    problem = refused(llm(model, tmp_path / "out"))
+    problem = refused(causal_lm_overrides(model, tmp_path / "out"))
     assert problem.key.startswith("module.files.") and "NaN is not a JSON value" in str(problem)
     (model / "generation_config.json").unlink()
     os.mkfifo(model / "tokenizer.json")  # would block a read: refused, never opened
-    problem = refused(llm(model, tmp_path / "out"))
+    problem = refused(causal_lm_overrides(model, tmp_path / "out"))
     assert problem.key == "module.pretrained" and "holds tokenizer.json, which is not a regular file" in str(problem)
 
 
 def test_an_index_that_places_a_tensor_in_the_wrong_shard_is_named(llama_dir: Path, tmp_path: Path) -> None:
-    model = copy_of(llama_dir, tmp_path / "model")
+    model = copied(llama_dir, tmp_path / "model")
     index = model / "model.safetensors.index.json"
     content = json.loads(index.read_text())
     shards = sorted(set(content["weight_map"].values()))
     name = next(n for n, shard in content["weight_map"].items() if shard == shards[0])
     content["weight_map"][name] = shards[1]
     index.write_text(json.dumps(content))
-    problem = refused(llm(model, tmp_path / "out"))
+    problem = refused(causal_lm_overrides(model, tmp_path / "out"))
     assert f"places {name} in {shards[1]}, which lacks it; {shards[0]} holds it" in str(problem)
 
 

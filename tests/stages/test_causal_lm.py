@@ -172,7 +172,10 @@ def test_generate_as_people_know_it(llama_lm_build: tuple[flashrt_build.BuildRes
     swapped = as_json("--prompt-ids", "3,1,4", "--max-new-tokens", "9", "--ignore-eos", "--weights", other)
     assert swapped["ids"] == transformers_tokens(other, torch.tensor([[3, 1, 4]]), 9)[0].tolist()
     full = generate_cli(out, "--prompt-ids", "3,1,4", "--max-new-tokens", "500", "--ignore-eos")
-    assert full.returncode == 0 and "stopped at the cache's end: module.max_cache_len=64" in full.stderr
+    assert (
+        full.returncode == 0
+        and "stopped at the cache's end after 61 new tokens: config key 'module.max_cache_len'" in full.stderr
+    )
     assert len(full.stdout.strip().split(",")) == 64 - 3
 
 
