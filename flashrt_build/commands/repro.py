@@ -35,9 +35,12 @@ def differing_members(a: Path, b: Path) -> list[str]:
     return differ
 
 
-def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
+def reproduce(output_dir: str | Path, trust: bool = False) -> dict[str, list[str]]:
     """Rebuild `output_dir`'s release artifact in a temporary directory; the
-    differences by file (zip members for the package), empty when identical."""
+    differences by file (zip members for the package), empty when identical.
+    The manifest is the artifact's word, not the user's: what in it would
+    choose code beyond the release's own allow-list (its allowed_targets,
+    python_path, toolchain.cxx) is honoured only with `trust`."""
     from ..pipeline import build
 
     output_dir = Path(output_dir)
@@ -46,6 +49,10 @@ def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
         raise ConfigError("release", False, f"{output_dir} is not a release build; repro checks release=true builds")
     check_inputs(manifest)
     config = copy.deepcopy(manifest["config"])
+    config["release"] = True  # its allow-list, whatever the manifest's config says
+    if not trust:
+        for said in untrusted(config):
+            log.warning("repro: %s", said)
     checkpoint = manifest["module"].get("checkpoint")
     if checkpoint:
         config["module"]["checkpoint"] = checkpoint["path"]
@@ -62,6 +69,28 @@ def reproduce(output_dir: str | Path) -> dict[str, list[str]]:
                 zipped = zipfile.is_zipfile(output_dir / name) and zipfile.is_zipfile(rebuilt / name)
                 differences[name] = differing_members(output_dir / name, rebuilt / name) if zipped else [name]
     return differences
+
+
+def untrusted(config: dict[str, Any]) -> list[str]:
+    """Set aside what of a manifest's config would choose code the release's
+    own allow-list does not judge: a widened allowed_targets (and the import
+    path its code came from), the compiler; each one said (`--trust` keeps
+    them). The shipped targets import from this environment, never from the
+    path the release recorded, which could shadow them."""
+    said = []
+    if config.get("allowed_targets"):
+        said.append(
+            f"the release admits allowed_targets={config['allowed_targets']} from python_path="
+            f"{config.get('python_path')}: not used (code the manifest chooses); --trust uses them"
+        )
+    config["allowed_targets"], config["python_path"] = [], []
+    toolchain = config.setdefault("toolchain", {})
+    if toolchain.get("cxx"):
+        said.append(
+            f"the release's toolchain.cxx={toolchain['cxx']} is not used (the environment's is): --trust uses it"
+        )
+        toolchain["cxx"] = None
+    return said
 
 
 def check_inputs(manifest: dict[str, Any]) -> None:
@@ -84,10 +113,16 @@ def check_inputs(manifest: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashrt_build.repro", description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", type=Path)
+    parser.add_argument(
+        "--trust",
+        action="store_true",
+        help="use the code the release's manifest names beyond the shipped allow-list (its allowed_targets, "
+        "python_path, toolchain.cxx): you vouch for the manifest",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     return command_verdict(
-        lambda: reproduce(args.output_dir),
+        lambda: reproduce(args.output_dir, args.trust),
         f"reproduced: every file of {args.output_dir} is byte-identical",
         f"not reproduced: {args.output_dir} differs from its rebuild",
     )

@@ -23,7 +23,7 @@ from .paths import check_config_dir
 from .problems import raise_all
 from .schema import BuildConfig, plain, register_schema
 from .shipped import CONF_DIR
-from .targets import check_allow_list_source
+from .targets import check_allow_list_source, check_code_keys_source
 
 __all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error", "hydra_loader", "name_and_place"]
 
@@ -112,6 +112,7 @@ def compose(
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         raise composition_error(exc, given) from None
     check_allow_list_source(plain(cfg).get("allowed_targets"), given)
+    check_code_keys_source(plain(cfg), given)  # before the config dir's parent joins python_path
     name_and_place(cfg, baseline, config_dir)
     return cfg
 

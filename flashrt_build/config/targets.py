@@ -174,6 +174,32 @@ def check_allow_list_source(composed: Any, overrides: Sequence[str]) -> None:
         )
 
 
+# Keys that choose code besides `_target_`s: where modules import from, which
+# compiler runs. Under an allow-list only the command line may set them.
+CODE_KEYS: dict[str, Any] = {"python_path": [], "toolchain.cxx": None}
+
+
+def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) -> None:
+    """Under an allow-list (release=true, allowed_targets), `python_path` and
+    `toolchain.cxx` from a config file would run code the list never judges
+    (a package of the user's shadowing a shipped one, a compiler that is a
+    script): refused unless the command line sets them."""
+    if not allowed_targets(config):
+        return
+    for key, default in CODE_KEYS.items():
+        value: Any = config
+        for part in key.split("."):
+            value = (value or {}).get(part) if isinstance(value, Mapping) else None
+        if value in (default, None) or command_line_value(overrides, key)[0]:
+            continue
+        raise ConfigError(
+            key,
+            value,
+            "set by a config file under an allow-list (release=true or allowed_targets): it chooses code the list "
+            f"does not judge; set {key}=... on the command line if you mean it",
+        )
+
+
 # What Hydra runs from its own node, outside the build, admitted without the
 # user's allow-list: the shipped configs' callbacks, launchers and sweepers.
 HYDRA_TARGETS = (

@@ -104,3 +104,33 @@ def test_repro_passes_on_a_release_build_and_names_an_altered_member(
 def test_repro_refuses_a_non_release_build(mlp_build) -> None:  # noqa: ANN001
     result = repro(mlp_build.output_dir)
     assert result.returncode == 2 and "not a release build" in result.stderr
+
+
+def test_repro_runs_no_code_a_forged_manifest_names_unless_trusted(
+    release_builds: dict[str, Path], tmp_path: Path
+) -> None:
+    """A manifest is the artifact's word: its config widening the allow-list
+    (a target that truncates a file), naming an import path or a compiler
+    that is a script, is set aside and said; the rebuild runs none of it."""
+    from flashrt_build.runtime.hashing import config_sha256
+
+    forged = tmp_path / "forged"
+    shutil.copytree(release_builds["mlp"], forged)
+    victim, marker = tmp_path / "victim.txt", tmp_path / "ran"
+    victim.write_text("mine")
+    script = tmp_path / "cxx.sh"
+    script.write_text(f'#!/bin/sh\ntouch {marker}\nexec g++ "$@"\n')
+    script.chmod(0o755)
+    manifest = json.loads((forged / "manifest.json").read_text())
+    config = manifest["config"]
+    config["allowed_targets"] = ["zipfile.*"]
+    config["module"]["model"] = {"_target_": "zipfile.ZipFile", "file": str(victim), "mode": "w"}
+    config["toolchain"]["cxx"] = str(script)
+    manifest["config_sha256"] = config_sha256(config)
+    (forged / "manifest.json").chmod(0o644)
+    (forged / "manifest.json").write_text(json.dumps(manifest))
+    done = repro(forged)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "allowed_targets=['zipfile.*']" in done.stderr and "not used" in done.stderr and "--trust" in done.stderr
+    assert "toolchain.cxx" in done.stderr and "zipfile.ZipFile" in done.stderr  # refused by the release's own list
+    assert victim.read_text() == "mine" and not marker.exists()

@@ -124,3 +124,20 @@ def save_tiny(where: Path) -> Path:
     path = where / "tiny.safetensors"
     save_file({"w": torch.ones(2)}, str(path))
     return path
+
+
+def test_a_config_file_cannot_choose_code_under_release(tmp_path: Path) -> None:
+    """python_path (a package shadowing a shipped target) and toolchain.cxx (a
+    script) from a config dir's file: only the command line sets them under
+    an allow-list."""
+    conf = tmp_path / "conf"
+    (conf / "module").mkdir(parents=True)
+    body = "# @package _global_\nmodule:\n  name: evil\n  model: {_target_: flashrt_build.examples.MLP}\n" \
+           "  inputs: {x: {shape: [2, 16]}}\n"  # fmt: skip
+    (conf / "module" / "path.yaml").write_text(body + f"python_path: [{tmp_path}]\n")
+    (conf / "module" / "cxx.yaml").write_text(body + f"toolchain: {{cxx: {tmp_path / 'cxx.sh'}}}\n")
+    for name, key in (("path", "python_path"), ("cxx", "toolchain.cxx")):
+        with pytest.raises(ConfigError, match=rf"'{key}' = .*set by a config file under an allow-list"):
+            compose([f"+module={name}", "release=true"], config_dir=conf)
+        compose([f"+module={name}"], config_dir=conf)  # no allow-list: the user's own config
+    compose(["+module=path", "release=true", f"python_path=[{tmp_path}]"], config_dir=conf)  # said on the command line
