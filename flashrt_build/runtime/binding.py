@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import WeightsMismatch
-from .checkpoint import compare, laid_out, unfused_view
+from .checkpoint import compare, config_differences, laid_out, unfused_view
 from .dtypes import dtype_name
 from .hashing import check_file
 from .manifest import fused_tensors, manifest_methods, method_bindings, quantized_originals, state_mode
@@ -105,6 +105,10 @@ def weights_to_bind(
     strides = {name: t.stride() for name, t in tensors.items()} if borrowed else None
     unused = manifest["weights"].get("unused", [])
     chosen, problems = compare(entries, table, device, devices, unused, strides)
+    if isinstance(weights, (str, Path)) and Path(weights).is_dir():  # the same tensors of another model are not it
+        differing = config_differences(manifest, Path(weights))
+        if differing:
+            problems["another config.json"] = differing
     if problems:
         # a fused tensor some of whose parts were given: the part not given is named, as `check` names it
         _, seen_unfused = compare(unfused_view(entries, manifest, table), table, device, devices, unused, strides)

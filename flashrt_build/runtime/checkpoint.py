@@ -11,6 +11,7 @@ before binding, because torch accepts a wrong shape silently.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import pickle
 from collections.abc import Iterable, Iterator, Mapping
@@ -128,6 +129,8 @@ def check_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> dict[str
     accepted = [*weights.get("unused", []), *(t["fqn"] for t in (manifest.get("state") or {}).get("tensors", []))]
     entries = unfused_view(float_view(weights["tensors"], manifest.get("quant")), manifest, table)
     _, problems = compare(entries, table, unused=accepted)
+    if Path(checkpoint).is_dir() and (differing := config_differences(manifest, Path(checkpoint))):
+        problems["another config.json"] = differing
     return problems
 
 
@@ -201,6 +204,34 @@ def loading_pretrained(key: str, value: object) -> Iterator[None]:
         ) from None
     finally:
         logger.setLevel(level)
+
+
+# config.json keys that name where a checkpoint came from or how it was saved,
+# not the computation the package holds: another checkpoint may differ in them.
+PROVENANCE_KEYS = frozenset(
+    {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures", "auto_map", "use_cache",
+     "bos_token_id", "eos_token_id", "pad_token_id", "_commit_hash", "transformers_weights"}
+)  # fmt: skip
+
+
+def config_differences(manifest: Mapping[str, Any], directory: Path) -> list[str]:
+    """Where a save_pretrained directory's config.json differs from the one
+    the package was built from (a rope_theta, an activation, a norm's eps:
+    the same tensors, another computation); empty when it does not or when
+    either is not there to compare."""
+    built = (manifest.get("module") or {}).get("model_config")
+    path = directory / "config.json"
+    if not isinstance(built, dict) or not path.is_file():
+        return []
+    try:
+        given = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return [f"config.json does not parse ({exc})"]
+    if not isinstance(given, dict):
+        return ["config.json is not a JSON object"]
+    keys = sorted((set(built) | set(given)) - PROVENANCE_KEYS)
+    return [f"{key}: {given.get(key)!r} (the package was built with {built.get(key)!r})" for key in keys
+            if given.get(key) != built.get(key)]  # fmt: skip
 
 
 def _unpickling_refused(exc: BaseException) -> bool:

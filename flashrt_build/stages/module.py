@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -130,6 +131,7 @@ def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:
         }
     return {
         "target": spec.target,
+        "model_config": model_config(spec),
         "callable": real_name(obj),  # what the target really is: a class method by its class
         "source_file": source,
         "source_sha256": file_sha256(Path(source)) if source else None,
@@ -137,3 +139,18 @@ def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:
         "checkpoint": checkpoint,
         "seed": spec.seed,
     }
+
+
+def model_config(spec: BuildSpec) -> dict[str, Any] | None:
+    """The config.json of the save_pretrained directory the module was built
+    from (`module.pretrained`, a from_pretrained path), as it was: the
+    package is that architecture, and another checkpoint given at load
+    must be one of it (runtime/checkpoint.py `config_differences`)."""
+    found = next((f for f in spec.input_files if f.key.startswith("module.model.") and f.name == "config.json"), None)
+    if found is None:
+        return None
+    try:
+        config = json.loads(found.path.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None

@@ -271,3 +271,30 @@ def test_weights_that_unpickle_only_by_running_code_or_a_cache_too_large_are_con
         instantiate_module(
             make_plan(compose(causal_lm_overrides(llama_dir, tmp_path / "out", "module.batch=100000000"))).spec
         )
+
+
+@pytest.mark.slow
+def test_another_models_config_with_the_same_tensors_is_refused_at_load_and_check(
+    llama_lm_build: tuple[flashrt_build.BuildResult, Path], tmp_path: Path
+) -> None:
+    """The same tensors under another config.json (a norm's eps) are another
+    computation: `load(weights=DIR)` and `check` name the key; where a copy
+    differs only in where it came from (transformers_version), it fits."""
+    from flashrt_build.errors import WeightsMismatch
+    from flashrt_build.runtime.checkpoint import check_checkpoint
+
+    result, model_dir = llama_lm_build
+    assert result.manifest["module"]["model_config"] == json.loads((model_dir / "config.json").read_text())
+    resaved = copied(model_dir, tmp_path / "resaved")
+    config = json.loads((resaved / "config.json").read_text())
+    (resaved / "config.json").write_text(json.dumps({**config, "transformers_version": "0.0.1"}))
+    assert check_checkpoint(result.output_dir, resaved) == {}
+    assert flashrt_build.load(result.output_dir, weights=resaved) is not None
+
+    other = copied(model_dir, tmp_path / "other")
+    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": config["rms_norm_eps"] * 10}))
+    problems = check_checkpoint(result.output_dir, other)
+    assert problems == {"another config.json": [f"rms_norm_eps: {config['rms_norm_eps'] * 10!r} (the package was built "
+                                                f"with {config['rms_norm_eps']!r})"]}  # fmt: skip
+    with pytest.raises(WeightsMismatch, match=r"another config.json: rms_norm_eps: .* \(the package was built with"):
+        flashrt_build.load(result.output_dir, weights=other)
