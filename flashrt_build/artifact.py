@@ -18,6 +18,7 @@ from typing import Any
 SCHEMA = "flashrt_build.manifest/1"
 MANIFEST = "manifest.json"
 STORE_DIR = ".store"  # under the output root: the content-addressed store (cache/store.py)
+STAGING_PREFIX = ".staging-"  # a build being assembled beside its output directory (cache/publish.py)
 PACKAGE = "model.pt2"
 SIDECAR = "weights.safetensors"
 STATE = "state.safetensors"  # initial values of buffers a stateful module mutates

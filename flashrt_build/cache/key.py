@@ -246,7 +246,7 @@ def _changed_files(name: str, old: Any, new: Any) -> list[str]:
     else:
         return []
     labels = sorted(set(before) | set(after))
-    return [label.rpartition("/")[2] for label in labels if before.get(label) != after.get(label)]
+    return [label.partition("/")[2] for label in labels if before.get(label) != after.get(label)]  # relative to its key
 
 
 def _weight_files(weights: Any) -> dict[str, str]:

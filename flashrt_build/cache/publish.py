@@ -20,14 +20,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..artifact import foreign_entries
+from ..artifact import STAGING_PREFIX, foreign_entries
 from ..config.paths import check_writable
 from ..errors import ConfigError, cleanup_uninterrupted
 from ..runtime.hashing import altered_digest
 
 log = logging.getLogger(__name__)
-
-STAGING_PREFIX = ".staging-"
 
 
 @contextlib.contextmanager

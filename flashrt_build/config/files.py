@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..artifact import STAGING_PREFIX, build_in
 from ..errors import ConfigError
 from ..runtime.formats import Checkpoint, holds_checkpoint, resolve_checkpoint
 
@@ -73,6 +74,14 @@ def model_files(
     return found
 
 
+def ours(path: Path, is_dir: bool) -> bool:
+    """An entry a build of this tool put there (an output directory inside a
+    model's, the lock beside it, a staging directory): never an input."""
+    if is_dir:
+        return path.name.startswith(STAGING_PREFIX) or build_in(path) is not None
+    return path.name.startswith(".") and path.name.endswith(".lock")
+
+
 def directory_files(key: str, value: str, root: Path, skip: Path | None = None) -> list[Path]:
     """Every regular file under `root`, in name order, links followed (a hub
     cache's files are links), except under `skip`; a link back to a directory
@@ -93,6 +102,8 @@ def directory_files(key: str, value: str, root: Path, skip: Path | None = None) 
                 raise ConfigError(
                     key, value, f"holds {path.relative_to(root)}, which cannot be read ({exc.strerror or exc})"
                 ) from None
+            if ours(path, is_dir):  # a build of this tool's, its lock or its staging: not the model's
+                continue
             if is_dir:
                 real = path.resolve()
                 if real in above:
@@ -139,13 +150,32 @@ def served_files(key: str, given: list[str], cwd: Path) -> list[InputFile]:
 
 def _check_json(key: str, value: str, path: Path) -> None:
     """A tokenizer's JSON file or generation_config.json that does not parse
-    is refused at the build, not when a prompt is first served from it."""
+    is refused at the build, not when a prompt is first served from it; so
+    are the values of theirs that serving would fail on (`generate`'s
+    end-of-sequence tokens) or could not serve without running a directory's
+    own code (a tokenizer_config.json's `auto_map`)."""
+    from ..runtime.tokenizer import eos_token_ids, tokenizer_code
+
     try:
-        json.loads(path.read_bytes(), parse_constant=_not_json)
+        data = json.loads(path.read_bytes(), parse_constant=_not_json)
     except ValueError as exc:  # JSONDecodeError, or bytes that are no text
         raise ConfigError(
             key, value, f"{path.name} does not parse as JSON ({exc}); serving text from the package reads it as JSON"
         ) from None
+    if path.name == "generation_config.json":
+        if not isinstance(data, dict):
+            raise ConfigError(key, value, f"generation_config.json holds a {type(data).__name__}, not a JSON object")
+        if data.get("eos_token_id") is not None:
+            try:
+                eos_token_ids(data["eos_token_id"], "its eos_token_id", then=", the tokens generate stops at")
+            except ValueError as exc:
+                raise ConfigError(key, value, str(exc)) from None
+    code = tokenizer_code(path) if path.name == "tokenizer_config.json" else None
+    if code is not None:
+        raise ConfigError(
+            key, value, f"its auto_map names tokenizer code of its own ({code}): the served tokenizer would need "
+            "its directory's code, which is never run; serve a model whose tokenizer transformers ships"
+        )  # fmt: skip
 
 
 def _not_json(constant: str) -> None:
