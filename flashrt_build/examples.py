@@ -5,10 +5,13 @@
 writes a small trained-looking GPT-2 the way `save_pretrained` stores a real
 one (config.json, three bf16 safetensors shards and their index, the tied
 lm_head left out), for `+module=pretrained_gpt2` and the README's examples.
+DIR must be new or empty: a directory that holds anything (a model of your
+own) or a file is refused, exit 2, and nothing is written; no DIR, exit 2.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -145,11 +148,52 @@ def save_gpt2_tiny(directory: str, seed: int = 1234, max_shard_size: str = "400K
     GPT2LMHeadModel(config).to(torch.bfloat16).save_pretrained(directory, max_shard_size=max_shard_size)
 
 
+USAGE = "usage: python -m flashrt_build.examples DIR  (writes a small GPT-2 as save_pretrained does)"
+
+
+def main(argv: list[str]) -> int:
+    """`python -m flashrt_build.examples DIR`: the GPT-2 into DIR, a new or an
+    empty directory; exit 2, one line, for anything else (no argument, a
+    file, a directory that holds something: never written over)."""
+    import sys
+
+    if len(argv) == 1 and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if len(argv) != 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    target = Path(argv[0])
+    why = _not_writable_here(target)
+    if why is not None:
+        print(f"error: {target} {why}; name a new or an empty directory", file=sys.stderr)
+        return 2
+    save_gpt2_tiny(str(target))
+    print(f"wrote {target}: build it with python -m flashrt_build +module=pretrained_gpt2 "
+          f"module.model.pretrained_model_name_or_path={target}")  # fmt: skip
+    return 0
+
+
+def _not_writable_here(target: Path) -> str | None:
+    """Why the GPT-2 may not be written at `target` (None: it may): its files
+    would replace a model's of the same names and leave the rest beside them."""
+    if target.is_symlink() and not target.exists():
+        return "is a link to nothing"
+    if not target.exists():
+        return None
+    if not target.is_dir():
+        return "exists and is not a directory"
+    try:
+        held = sorted(entry.name for entry in target.iterdir())
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        return f"is not empty (it holds {shown}), and the example's files would replace any of the same names"
+    return None
+
+
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m flashrt_build.examples DIR  (writes a small GPT-2 as save_pretrained does)")
-    save_gpt2_tiny(sys.argv[1])
-    print(f"wrote {sys.argv[1]}: build it with python -m flashrt_build +module=pretrained_gpt2 "
-          f"module.model.pretrained_model_name_or_path={sys.argv[1]}")  # fmt: skip
+    sys.exit(main(sys.argv[1:]))

@@ -11,7 +11,9 @@
 Output directories are filled by hard links (copies across filesystems), never
 by symbolic links, so cleaning the store breaks no artifact. Stored files have
 no write bit (nor, being the same files, the outputs linked to them): an edit
-in place would alter every build that links them.
+in place would alter every build that links them. `prune` (`store clean`)
+removes only entries: anything else under `.store/` (a folder of the user's,
+a file, a link, `.store` itself a link, never walked) is named as left.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from ..artifact import MANIFEST, PACKAGE, STORE_DIR
 from ..runtime.hashing import file_sha256
+from .digests import DIGESTS
 
 
 def link_or_copy(source: Path, dest: Path) -> None:
@@ -38,6 +41,10 @@ def read_only(path: Path) -> None:
     other names: an edit in place would alter every build linked to it.
     Removing it needs only its directory's write bit (`prune`, a rebuild)."""
     path.chmod(path.stat().st_mode & ~0o222)
+
+
+KINDS = ("packages", "methods", "artifacts")  # the store's folders of entries
+DIGESTS_STAGING = ".digests-"  # the digest cache's next version, written beside it (digests.py)
 
 
 class Store:
@@ -90,10 +97,14 @@ class Store:
     def prune(self, everything: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
         """Remove entries no output directory links to any more (or all of
         them). Only store entries are ever removed: a directory holding its
-        `sha256` list and the files it lists. Returns (removed, [(left, why)])."""
+        `sha256` list and the files it lists. Anything else under the store
+        is named as left, and a store that is a link is not walked at all.
+        Returns (removed, [(left, why)])."""
         removed: list[Path] = []
-        left: list[tuple[Path, str]] = []
-        for kind in ("packages", "methods", "artifacts"):
+        left = self._not_the_stores()
+        if left and left[0][0] == self.root:
+            return removed, left
+        for kind in KINDS:
             folder = self.root / kind
             if folder.is_symlink() or not folder.is_dir():
                 continue
@@ -107,6 +118,24 @@ class Store:
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(entry)
         return removed, left
+
+    def _not_the_stores(self) -> list[tuple[Path, str]]:
+        """What is under the store's own folder but not the store's, with why:
+        the folder itself when it is a link (to a directory of the user's,
+        whose entries are not the store's to remove) or a file."""
+        if self.root.is_symlink():
+            return [(self.root, f"a symbolic link to {os.path.realpath(self.root)}, not the store's own folder: "
+                                 "nothing under it was removed")]  # fmt: skip
+        if not self.root.is_dir():
+            return [(self.root, "a file, not the store's folder")] if self.root.exists() else []
+        left = []
+        for path in sorted(self.root.iterdir()):
+            if path.name in KINDS:
+                if path.is_symlink() or not path.is_dir():
+                    left.append((path, "a symbolic link or a file where the store keeps a folder of its own"))
+            elif path.name != DIGESTS and not path.name.startswith(DIGESTS_STAGING):
+                left.append((path, f"not the store's (it holds {', '.join(KINDS)} and {DIGESTS})"))
+        return left
 
 
 def _not_an_entry(entry: Path) -> str | None:

@@ -55,25 +55,26 @@ def render(template: str, messages: list[dict[str, str]], variables: Mapping[str
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise _refused(source, f"its render process did not end in {STARTUP_S + TIMEOUT_S:g} s") from None
+        raise refused(source, f"its render process did not end in {STARTUP_S + TIMEOUT_S:g} s") from None
     try:
         answer = json.loads(done.stdout)
     except ValueError:
         said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise _refused(source, f"its render process failed ({said})") from None
+        raise refused(source, f"its render process failed ({said})") from None
     if "error" in answer:
-        raise _refused(source, answer["error"])
+        raise refused(source, answer["error"])
     text = answer["text"]
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # `{{ '\\ud800' }}`: no tokenizer encodes it
-        raise _refused(
+        raise refused(
             source, f"it renders a lone surrogate ({text[exc.start]!r} at character {exc.start}), which is not text"
         ) from None
     return text
 
 
-def _refused(source: Path, why: str) -> ChatTemplateError:
+def refused(source: Path, why: str) -> ChatTemplateError:
+    """The chat template of `source` (its file) cannot be applied, and why (exit code 2)."""
     return ChatTemplateError(f"the chat template in {source} cannot be applied to the prompt: {why}")
 
 

@@ -17,8 +17,9 @@ reaches the cache's end stops there, with a note.
 
 Exit codes, as the build command's: 0 done; 1 the package or a call failed
 (a file altered since its build); 2 a wrong command line or input (a flag out
-of range, a prompt the package was not built for, a chat template that raises
-or passes its bounds, a library the request needs that is not installed);
+of range, a prompt the package was not built for, a chat template that raises,
+passes its bounds or renders no tokens, a tokenizer that needs code of its
+own (`auto_map`), a library the request needs that is not installed);
 130 / 143 interrupted by Ctrl-C / SIGTERM; 141 (as a tool killed by SIGPIPE)
 when the reader closed the pipe (`| head`), quietly. Every failure is one
 line on stderr; FLASHRT_TRACEBACK=1 adds the traceback.

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..runtime.threads import THREADS_PER_CORE, max_threads, threads_expected
 from .text import MAX_SEED, argument, parse_ids
 
 PROG = "python -m flashrt_build.generate"
@@ -59,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads a call runs on (default: the cores other work leaves idle)",
+        help=f"CPU threads a call runs on, at most {THREADS_PER_CORE} times the cores (default: the cores other "
+        "work leaves idle)",
     )
     return parser
 
@@ -79,8 +81,8 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise argument("--seed", args.seed, "expected 0 <= seed < 2**63")
     if not (math.isfinite(args.repetition_penalty) and args.repetition_penalty > 0):
         raise argument("--repetition-penalty", args.repetition_penalty, "expected a number > 0 (1: none)")
-    if args.threads is not None and args.threads < 1:
-        raise argument("--threads", args.threads, "expected a thread count >= 1")
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        raise argument("--threads", args.threads, threads_expected())
     if args.system is not None and not args.chat:
         raise argument("--system", args.system, "a system message goes through the chat template: add --chat")
     if args.stop and args.prompt_ids is not None:

@@ -92,7 +92,7 @@ def _chat_ids(tokenizer: Any, text: str, output_dir: Path, system: str | None = 
     """The prompt as one user message (after `system`'s, when given) through
     the tokenizer's chat template, as transformers' `apply_chat_template`
     encodes it, the template rendered under bounds (chat_template.py)."""
-    from .chat_template import render
+    from .chat_template import refused, render
 
     try:
         template = tokenizer.get_chat_template()
@@ -100,8 +100,13 @@ def _chat_ids(tokenizer: Any, text: str, output_dir: Path, system: str | None = 
         raise argument("--chat", True, f"the tokenizer in {output_dir} has no chat template") from None
     messages = [{"role": "system", "content": _utf8(system)}] if system is not None else []
     messages.append({"role": "user", "content": text})
-    rendered = render(template, messages, tokenizer.special_tokens_map, _template_source(output_dir))
-    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    source = _template_source(output_dir)
+    rendered = render(template, messages, tokenizer.special_tokens_map, source)
+    ids = list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    if not ids:  # the prompt is not what is empty: the template's text is
+        said = "no text" if not rendered else f"{rendered[:40]!r}, which encodes to no tokens"
+        raise refused(source, f"it renders {said}; the package needs at least one")
+    return ids
 
 
 def _template_source(output_dir: Path) -> Path:

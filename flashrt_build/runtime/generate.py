@@ -17,7 +17,7 @@ from typing import Any, overload
 import torch
 
 from .sizes import PromptRefused, built_sizes, check_request, declared_inputs, model_positions
-from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer
+from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer, token_ids
 
 __all__ = ["Generation", "PromptRefused", "generate", "generate_ids"]
 
@@ -124,7 +124,10 @@ def generate_ids(
     choose = _chooser(temperature, top_k, top_p, seed, prompt.device)
     if repetition_penalty != 1.0:
         choose = _penalised(choose, prompt, repetition_penalty)
-    ends = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=prompt.device)
+    try:
+        ends = None if eos is None else torch.tensor(token_ids(eos), dtype=torch.int64, device=prompt.device)
+    except TypeError:
+        raise ValueError(f"eos = {eos!r}: expected a token id or a collection of them (integers), or None") from None
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         start = time.perf_counter()
@@ -187,18 +190,28 @@ def _chooser(
     generator.manual_seed(seed)
 
     def sample(logits: torch.Tensor) -> torch.Tensor:
-        scores = logits[:, -1].float() / temperature
+        scores = _scaled(logits[:, -1], temperature)
         if top_k is not None:
             kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]
             scores = scores.masked_fill(scores < kth, float("-inf"))
         if top_p is not None:
             ordered, order = scores.sort(dim=-1, descending=True)
             before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # probability of the tokens above
-            ordered = ordered.masked_fill(before >= top_p, float("-inf"))  # the most likely one always stays
-            scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
+            cut = before >= top_p
+            cut[:, 0] = False  # the most likely one always stays
+            scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered.masked_fill(cut, float("-inf")))
         return torch.multinomial(scores.softmax(-1), 1, generator=generator)
 
     return sample
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits over the temperature, in float64 and less their largest (0 for
+    the likeliest): a temperature as small as 1e-320 (zero in float32) or a
+    logit a repetition penalty made infinite gives the likeliest tokens, not
+    inf - inf; a top_p as small as 1e-300 stays above zero."""
+    scores = logits.double().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float64).max, neginf=float("-inf"))
+    return (scores - scores.max(-1, keepdim=True).values) / temperature
 
 
 @dataclass

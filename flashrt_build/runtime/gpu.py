@@ -114,7 +114,8 @@ def check_device(given: str | torch.device | None, target: str, name: str = "dev
     (target.device). Refused, as a ConfigError naming the argument `name`
     (`device` for `load`, `--device` for generate), where the package cannot
     run: a name torch does not know, no usable CUDA device, an index past
-    this machine's devices, a device type other than the build's target."""
+    this machine's devices, a CPU index other than 0 (`cpu:1`), a device type
+    other than the build's target."""
     value = given if given is not None else target
     shown = str(value) if isinstance(value, torch.device) else value
     origin = "" if given is not None else f" (the build's target; {name} was not given)"
@@ -122,6 +123,10 @@ def check_device(given: str | torch.device | None, target: str, name: str = "dev
         device = torch.device(value)
     except (RuntimeError, ValueError, TypeError):
         raise ConfigError(name, shown, "expected cpu, cuda or cuda:N", kind="argument") from None
+    if device.type == "cpu" and device.index:  # torch takes `cpu:1`; nothing that reads weights does
+        raise ConfigError(name, shown, f"the CPU has no devices by index: expected cpu{origin}", kind="argument")
+    if device.type == "cpu":
+        device = torch.device("cpu")  # `cpu:0` is the CPU, which safetensors knows only as `cpu`
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

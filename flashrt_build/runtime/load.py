@@ -289,6 +289,8 @@ def load(
     set around the call and put back after); None leaves this process's
     setting (`torch.set_num_threads`). On a busy machine fewer than its cores
     keeps a CPU package from fighting other work for them (BENCHMARKS.md).
+    At most 4 times the cores this process may run on (`threads.max_threads`):
+    more only wait, and 100,000 crashed the process; a ValueError names it.
     """
     output_dir = Path(output_dir)
     manifest = read_manifest(output_dir)

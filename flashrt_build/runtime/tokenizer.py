@@ -2,12 +2,15 @@
 out (`generate` with text, `python -m flashrt_build.generate`): every file
 of the directory one its build wrote, as it wrote it (a tokenizer reads more
 than any fixed list of names), then transformers' `AutoTokenizer` where it is
-installed (no code of a directory's own ever run) or the `tokenizers`
-library for a `tokenizer.json`; and the model's end-of-sequence tokens."""
+installed (no code of a directory's own ever run: a tokenizer_config.json
+whose `auto_map` names some is refused, exit 2) or the `tokenizers` library
+for a `tokenizer.json`; and the model's end-of-sequence tokens, which must be
+token ids."""
 
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +45,26 @@ def served_tokenizer(output_dir: Path, chat: bool = False, prompt: str = "prompt
     `tokenizers` library; `prompt` names the argument a refusal names."""
     if not any((output_dir / name).is_file() for name in TOKENIZER_FILES):
         raise _refused(prompt, output_dir, "holds no tokenizer (tokenizer.json): give token ids instead (--prompt-ids)")
+    own_code = tokenizer_code(output_dir / "tokenizer_config.json")
+    if own_code is not None:  # a build from before the build refused it
+        raise _refused(prompt, output_dir, f"its tokenizer_config.json's auto_map names tokenizer code of its own "
+                       f"({own_code}), which is never run: give token ids instead (--prompt-ids)")  # fmt: skip
     try:
         from transformers import AutoTokenizer
     except ImportError:
         return _plain_tokenizer(output_dir, chat, prompt)
     # a tokenizer_config.json's auto_map names code of its own: never asked about, never run
     return AutoTokenizer.from_pretrained(output_dir, local_files_only=True, trust_remote_code=False)
+
+
+def tokenizer_code(path: Path) -> str | None:
+    """What a tokenizer_config.json's `auto_map` names (code of the
+    directory's own, which transformers would have to run), else None."""
+    try:
+        found = json.loads(path.read_bytes()).get("auto_map") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None  # not JSON, or not an object: the tokenizer's own reading says so
+    return json.dumps(found) if found else None
 
 
 def _plain_tokenizer(output_dir: Path, chat: bool, prompt: str) -> Any:
@@ -83,6 +100,26 @@ def eos_tokens(output_dir: Path, tokenizer: Any) -> set[int] | None:
         except (ValueError, AttributeError) as exc:  # a build from before the build checked it
             raise ArtifactError(f"{path} is not a JSON object ({exc}); rebuild the package") from None
         if found is not None:
-            return set(found) if isinstance(found, list) else {int(found)}
+            return set(eos_token_ids(found, f"{path}: its eos_token_id", ArtifactError, "; rebuild the package"))
     found = getattr(tokenizer, "eos_token_id", None)
     return {int(found)} if found is not None else None
+
+
+def eos_token_ids(found: Any, where: str, error: Any = ValueError, then: str = "") -> list[int]:
+    """generation_config.json's `eos_token_id` (`found`, not None): a token
+    id or a list of them; anything else raises `error`, naming `where`."""
+    try:
+        if isinstance(found, (int, list)):
+            return token_ids(found)
+    except TypeError:
+        pass
+    raise error(f"{where} = {found!r}: expected a token id or a list of token ids (integers){then}")
+
+
+def token_ids(given: Any) -> list[int]:
+    """A token id or a collection of them, as a list; a TypeError for
+    anything else (a string, a float, a bool, a list holding one)."""
+    items = [given] if isinstance(given, int) else given
+    if isinstance(items, (str, bytes)) or any(isinstance(i, (bool, str, bytes)) for i in items):
+        raise TypeError(f"not token ids: {given!r}")
+    return [operator.index(i) for i in items]

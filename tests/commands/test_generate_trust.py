@@ -79,6 +79,25 @@ def test_a_served_json_file_that_does_not_parse_fails_the_build(tmp_path: Path) 
     assert not (tmp_path / "out" / "mlp").exists()  # refused before anything was built
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("generation_config.json", '{"eos_token_id": "abc"}', "its eos_token_id = 'abc': expected a token id"),
+        ("generation_config.json", "[1, 2]", "generation_config.json holds a list, not a JSON object"),
+        ("tokenizer_config.json", '{"auto_map": {"AutoTokenizer": ["t.Tok", null]}}', "tokenizer code of its own"),
+    ],
+)
+def test_a_served_file_generate_would_fail_on_is_refused_at_the_build(
+    name: str, content: str, says: str, tmp_path: Path
+) -> None:
+    served = tmp_path / name
+    served.write_text(content)
+    done = cli("+module=mlp", f"+module.files=[{served}]", f"output_root={tmp_path / 'out'}")
+    assert done.returncode == 2, done.stderr
+    assert "config key 'module.files.0'" in done.stderr and says in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "mlp").exists()
+
+
 @pytest.mark.slow
 def test_an_edited_served_file_is_refused_by_load_and_generate(llama_lm_build: LlamaBuild, tmp_path: Path) -> None:
     result, _ = llama_lm_build
@@ -180,6 +199,7 @@ FLAGS = [
     ("--top-k", "0"),
     ("--max-new-tokens", "0"),
     ("--threads", "0"),
+    ("--threads", "100000"),  # a segfault before: past the cores every thread only waits
     ("--seed", "18446744073709551616"),  # 2**64: torch's "Overflow when unpacking long long" before
     ("--seed", "9223372036854775808"),
     ("--seed", "-1"),
@@ -223,6 +243,7 @@ def test_the_help_describes_the_command_in_a_full_sentence() -> None:
     ("value", "says"),
     [
         ("nonsense", "expected cpu, cuda or cuda:N"),
+        ("cpu:1", "the CPU has no devices by index: expected cpu"),  # module.checkpoint was named
         pytest.param(
             "cuda",
             "no CUDA device is usable on this machine",
@@ -375,6 +396,7 @@ TEMPLATE = (
     "{% elif c == 'doubling' %}{% set ns = namespace(s='x') %}"
     "{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"
     "{% elif c == 'surrogate' %}<{{ '\\ud800' }}>"
+    "{% elif c == 'empty' %}"
     "{% elif c == 'slow' %}{% for a in 'x' * 100000 %}{% for b in 'x' * 100000 %}{% endfor %}{% endfor %}"
     "{% else %}<{{ c }}>{% if add_generation_prompt %}:{% endif %}{% endif %}"
 )
@@ -423,6 +445,7 @@ def test_a_chat_template_renders_as_transformers_does(chat_lm: Path) -> None:
         ("doubling", "it needed more than 1024 MiB to render"),
         ("slow", "it took more than 10 s to render"),
         ("surrogate", "it renders a lone surrogate ('\\ud800' at character 1), which is not text"),
+        ("empty", "it renders no text; the package needs at least one"),  # the prompt was blamed
     ],
 )
 def test_a_chat_template_that_raises_or_passes_a_bound_is_named(chat_lm: Path, prompt: str, says: str) -> None:
@@ -600,6 +623,7 @@ def test_load_refuses_a_device_the_package_cannot_run_on_naming_the_argument(
         ("meta", "the package was built for cpu (target.device): its code runs there"),
         (torch.device("meta"), "the package was built for cpu (target.device): its code runs there"),
         ("nonsense", "expected cpu, cuda or cuda:N"),
+        ("cpu:1", "the CPU has no devices by index: expected cpu"),  # module.checkpoint was named
     ]
     if not torch.cuda.is_available():
         cases += [(name, "no CUDA device is usable on this machine") for name in ("cuda", "cuda:7")]

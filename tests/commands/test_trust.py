@@ -102,6 +102,56 @@ def test_store_clean_removes_only_store_entries(tmp_path: Path) -> None:
     assert "1 store entries removed" in done.stdout
 
 
+def tool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_store_clean_names_what_is_not_the_stores_and_never_walks_a_linked_store(tmp_path: Path) -> None:
+    """A folder of the user's beside `packages/` is named as left; a `.store`
+    that is a link to the user's directory is not walked (its entries are not
+    the store's to remove); `--all` goes before the root as well as after."""
+    root = tmp_path / "outputs"
+    (root / ".store" / "mine").mkdir(parents=True)
+    (root / ".store" / "mine" / "notes.txt").write_text("mine")
+    done = tool("flashrt_build.store", "clean", "--all", str(root))
+    assert done.returncode == 0, done.stderr
+    assert f"left {root / '.store' / 'mine'}: not the store's" in done.stdout
+    assert (root / ".store" / "mine" / "notes.txt").read_text() == "mine"
+
+    theirs = tmp_path / "theirs"
+    entry = theirs / "packages" / ("b" * 64)  # shaped like an entry, but in a directory the store does not own
+    entry.mkdir(parents=True)
+    (entry / "model.pt2").write_bytes(b"mine")
+    (entry / "sha256").write_text(f"{'0' * 64}  model.pt2\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ".store").symlink_to(theirs)
+    done = tool("flashrt_build.store", "clean", str(linked), "--all")
+    assert done.returncode == 0, done.stderr
+    assert f"left {linked / '.store'}: a symbolic link to {theirs}" in done.stdout
+    assert (entry / "model.pt2").read_bytes() == b"mine"
+
+
+def test_examples_writes_only_into_a_new_or_empty_directory(tmp_path: Path) -> None:
+    model = tmp_path / "my_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "notes.txt").write_text("mine")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for target, says in [(model, "is not empty (it holds config.json, notes.txt)"), (a_file, "is not a directory")]:
+        done = tool("flashrt_build.examples", str(target))
+        assert done.returncode == 2 and says in done.stderr and done.stdout == "", done.stderr
+    assert (model / "config.json").read_text() == "{}" and sorted(p.name for p in model.iterdir()) == [
+        "config.json",
+        "notes.txt",
+    ]
+    assert a_file.read_text() == "mine"
+    assert tool("flashrt_build.examples").returncode == 2  # no DIR: a wrong command line
+    done = tool("flashrt_build.examples", str(tmp_path / "new"))
+    assert done.returncode == 0 and (tmp_path / "new" / "config.json").is_file(), done.stderr
+
+
 def test_a_module_name_that_escapes_leaves_no_logs_above_the_output_root(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b" / "outputs"
     result = cli("+module=mlp", "module.name=../../evil", f"output_root={root}")

@@ -137,6 +137,20 @@ def test_generate_equals_the_eager_modules_greedy_loop(lm_package: flashrt_build
     assert torch.equal(flashrt_build.generate(lm, prompt(), 40).tokens, expected)
 
 
+def test_sampling_at_the_edges_of_float_gives_the_likeliest_tokens(lm_build: flashrt_build.BuildResult) -> None:
+    """A temperature of 1e-320 (zero in float32) or a top_p of 1e-300 is the
+    greedy choice, not `inf - inf` (a RuntimeError from multinomial before);
+    an eos that is not token ids is named as `eos`."""
+    lm = flashrt_build.load(lm_build.output_dir)
+    greedy = flashrt_build.generate(lm, prompt(), 8).tokens
+    for options in ({"temperature": 1e-320}, {"temperature": 1.0, "top_p": 1e-300}):
+        lm.reset_state()
+        assert torch.equal(flashrt_build.generate(lm, prompt(), 8, seed=1, **options).tokens, greedy), options
+    for eos in ({"a"}, "7", [1.5], True):
+        with pytest.raises(ValueError, match=r"eos = .*: expected a token id or a collection of them"):
+            flashrt_build.generate(lm, prompt(), 2, eos=eos)
+
+
 def test_a_package_runs_on_the_threads_it_is_given_and_leaves_the_processs_setting(
     lm_build: flashrt_build.BuildResult,
 ) -> None:
@@ -157,6 +171,9 @@ def test_a_package_runs_on_the_threads_it_is_given_and_leaves_the_processs_setti
     assert all(method.threads == 2 for method in lm.methods.values())
     with pytest.raises(ValueError, match=r"threads=0: expected a thread count >= 1"):
         flashrt_build.load(lm_build.output_dir, threads=0)
+    cores = len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match=rf"threads=100000: .* at most {4 * cores} \(4 times the {cores} core"):
+        flashrt_build.load(lm_build.output_dir, threads=100000)  # a segfault before
     assert 1 <= idle_cpus() <= len(os.sched_getaffinity(0))
 
 
