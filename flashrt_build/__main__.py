@@ -30,6 +30,11 @@ def main() -> None:
         hint = f"did you mean {close[0]}? " if close else ""
         print(f"flashrt-build: no command {sys.argv[1]!r}; {hint}commands: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
+    late = _late_command(sys.argv[2:])
+    if late is not None:
+        print(f"flashrt-build: {late!r} is a command: it goes first (flashrt-build {late} ...); "
+              "what follows it is its own", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     if "--version" in sys.argv[1:] or "-V" in sys.argv[1:]:  # ours, not Hydra's own version
         from . import __version__
 
@@ -52,6 +57,19 @@ def main() -> None:
 
 def _a_word(arg: str) -> bool:
     return arg.isidentifier()
+
+
+# Hydra's flags that take a value (a config dir named `generate` is one)
+_VALUED = {"--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp", "--info", "-i"}
+
+
+def _late_command(args: list[str]) -> str | None:
+    """A command's name after the first argument (`-m generate OUT`): an
+    override is never a bare word, so it is the command, out of place."""
+    for before, arg in zip(["", *args], args, strict=False):
+        if arg in COMMANDS and before not in _VALUED:
+            return arg
+    return None
 
 
 if __name__ == "__main__":

@@ -100,7 +100,17 @@ def run_job(cfg: DictConfig) -> int:
         build_plan(plan, decided)
         return 0
     except Exception as exc:  # raised on purpose or not: a failed build, said in one line
-        return report_failure(log, exc).exit_code
+        return report_failure(log, _with_shadowing(exc, naming)).exit_code
+
+
+def _with_shadowing(exc: Exception, naming: Naming | None) -> Exception:
+    """A config error from a config dir's file that replaced a shipped one says so."""
+    from .config.paths import shadowing_note
+
+    if not isinstance(exc, ConfigError) or naming is None or exc.kind != "config key":
+        return exc
+    note = shadowing_note(exc.key, naming.config_dir, HydraConfig.get().runtime.choices)
+    return ConfigError(exc.key, exc.value, exc.expected + note, exc.kind) if note else exc
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

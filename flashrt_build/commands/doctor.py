@@ -171,6 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         return 0
+    flag = next((a for a in args if a.startswith("-")), None)
+    if flag is not None:  # Hydra's grammar would ask to quote it
+        print(f"flashrt_build doctor: {flag!r} is not an option of doctor, which takes overrides only "
+              "(target=cuda, inductor=...): see --help", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         checks = run(args)
     except (ConfigError, HydraException, OmegaConfBaseException) as exc:

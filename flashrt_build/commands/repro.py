@@ -96,7 +96,9 @@ def untrusted(config: dict[str, Any]) -> list[str]:
 def check_inputs(manifest: dict[str, Any]) -> None:
     """Every file the release read, as it read it: a rebuild from other
     inputs would differ for that reason alone, so a changed one is named
-    (cannot check), not blamed on the toolchain."""
+    (cannot check), not blamed on the toolchain: by the key the user set
+    (`module.pretrained`, not the `module.model` key it fills)."""
+    pretrained = ((manifest.get("config") or {}).get("module") or {}).get("pretrained")
     for entry in manifest.get("build_inputs") or []:
         path = Path(entry["path"])
         found = file_sha256(path) if path.is_file() else None
@@ -107,7 +109,10 @@ def check_inputs(manifest: dict[str, Any]) -> None:
             if found is None
             else f"changed since the release (sha256 {found[:12]}, not {entry['sha256'][:12]})"
         )
-        raise ConfigError(entry["key"], str(path), f"{what}: repro rebuilds from the inputs the release read")
+        key = entry["key"]
+        if pretrained and key.startswith("module.model.") and Path(pretrained) in (path, *path.parents):
+            key = "module.pretrained"
+        raise ConfigError(key, str(path), f"{what}: repro rebuilds from the inputs the release read")
 
 
 def main(argv: list[str] | None = None) -> int:

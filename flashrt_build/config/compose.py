@@ -110,7 +110,11 @@ def compose(
             # only config files chosen: the baseline is the config itself, no second compose
             baseline = cfg if chosen == given else hydra_compose(config_name="config", overrides=chosen)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
-        raise composition_error(exc, given) from None
+        raise composition_error(exc, given, config_dir) from None
+    except ValueError as exc:  # `passes=null`: Hydra's own ValueError, before it composes anything
+        if "Config group override must be" not in str(exc):
+            raise
+        raise _null_group(given) from None
     check_allow_list_source(plain(cfg).get("allowed_targets"), given)
     check_code_keys_source(plain(cfg), given)  # before the config dir's parent joins python_path
     name_and_place(cfg, baseline, config_dir)
@@ -145,9 +149,12 @@ def name_and_place(cfg: DictConfig, baseline: DictConfig, config_dir: str | Path
 _OTHER_NAMES = {("target", "gpu"): "cuda", ("target", "nvidia"): "cuda"}
 
 
-def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigError:
+def composition_error(
+    exc: Exception, overrides: Sequence[str] = (), config_dir: str | Path | None = None
+) -> ConfigError:
     """Hydra's multi-line composition error as the tool's one line: the key
-    (or config group) and its value, and what was expected."""
+    (or config group) and its value (as the command line or the config file
+    that set it gave it), and what was expected."""
     values = {_override_key(o): o.partition("=")[2] for o in overrides if "=" in o}
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
         group, _, option = exc.missing_cfg_file.rpartition("/")
@@ -176,6 +183,8 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
         return axis
     where = text[len("In '") : text.index("'", 4)] if text.startswith("In '") else None
     in_file = f" (in {where}.yaml)" if where else ""
+    if where and full_key and str(full_key) not in values:  # set by that file: its value, not '?'
+        values[str(full_key)] = _file_value(where, str(full_key), config_dir)
     if full_key and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         *path, key = str(full_key).split(".")
         parent = getattr(cause, "parent_node", None)  # the composed node the key was missing from
@@ -193,6 +202,12 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
     if "An item is already at" in text:
         key = text.split("'")[1]
         return ConfigError(f"+{key}", values.get(key, "?"), f"is already a config key: write {key}=... without '+'")
+    multiple = re.match(r"Multiple values for (\S+?)\. To override a value use 'override \S+: (.*)'", text)
+    if multiple:  # Hydra's advice is the defaults list's YAML; on a command line it is GROUP=NAME
+        group, option = multiple.groups()
+        return ConfigError(
+            f"+{group}", option, f"{group} already has a config: write {group}={option} without '+'", "config group"
+        )
     if "No match in the defaults list" in text:
         group = text.split("'")[1]
         return ConfigError(group, values.get(group, "?"), f"add a {group} with +{group}=NAME", "config group")
@@ -204,6 +219,42 @@ def composition_error(exc: Exception, overrides: Sequence[str] = ()) -> ConfigEr
             f"several values sweep only with -m (--multirun); a list is {key}=[{value}], a string {key}='{value}'",
         )
     return ConfigError("command line", " ".join(overrides), first_lines(exc, 2), "argument")
+
+
+def _file_value(where: str, full_key: str, config_dir: str | Path | None) -> Any:
+    """The value config file `where` (`passes/fast`) gives `full_key`: under
+    its group's package or, `# @package _global_`, at the top; '?' where the
+    file cannot be found or read."""
+    from omegaconf import OmegaConf
+
+    group = where.partition("/")[0]
+    for folder in [*([Path(config_dir)] if config_dir is not None else []), CONF_DIR]:
+        file = folder / f"{where}.yaml"
+        if not file.is_file():
+            continue
+        try:
+            data = OmegaConf.load(file)
+            for key in (full_key.removeprefix(f"{group}."), full_key):
+                value = OmegaConf.select(data, key, default=_ABSENT, throw_on_missing=False)
+                if value is not _ABSENT:
+                    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        except Exception:  # noqa: BLE001 - a value to show, never a second error
+            return "?"
+    return "?"
+
+
+_ABSENT = object()
+
+
+def _null_group(overrides: Sequence[str]) -> ConfigError:
+    """`GROUP=null` (or `~`-less `GROUP=`): a group takes a config's name."""
+    wrong = next((o for o in overrides if o.partition("=")[2] in ("null", "")), " ".join(overrides))
+    group = _override_key(wrong)
+    shipped = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group.isidentifier() else []
+    choices = f" (shipped: {', '.join(shipped)})" if shipped else ""
+    return ConfigError(
+        group, None, f"a config group takes the name of one of its configs{choices}, not null", "config group"
+    )
 
 
 def _config_dir_hint(group: str, option: str) -> str:

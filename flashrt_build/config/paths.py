@@ -106,6 +106,15 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
             "holds config.yaml, which would replace the tool's own config (a config dir's files win over the "
             "shipped ones of the same name): rename it; a module goes in module/NAME.yaml",
         )
+    from .schema import SCHEMA_NAME
+
+    if (Path(path) / f"{SCHEMA_NAME}.yaml").is_file():
+        raise ConfigError(
+            key,
+            str(path),
+            f"holds {SCHEMA_NAME}.yaml, which would replace the tool's typed schema (a config dir's files win over "
+            "the shipped ones of the same name): rename it",
+        )
     from omegaconf import OmegaConf
 
     for file in sorted(Path(path).rglob("*.yaml")):
@@ -194,8 +203,8 @@ def check_same_model(output_dir: Path, config: Mapping[str, Any]) -> None:
         return
     theirs = ((manifest.get("config") or {}).get("module") or {}).get("pretrained")
     ours = config["module"].get("pretrained")
-    if theirs == ours:
-        return
+    if theirs == ours or (theirs and ours and os.path.realpath(theirs) == os.path.realpath(ours)):
+        return  # the same directory, perhaps through a link
     what = theirs or (manifest.get("module") or {}).get("target")
     raise ConfigError(
         "output_dir",
@@ -203,3 +212,20 @@ def check_same_model(output_dir: Path, config: Mapping[str, Any]) -> None:
         f"holds the build of {what}, another model than {ours or config['module']['model'].get('_target_')}: "
         "remove it, or keep both with module.name=NAME (or output_dir=DIR)",
     )
+
+
+def shadowing_note(key: str, config_dir: str | Path | None, choices: Mapping[str, Any]) -> str:
+    """Where a config dir's file replaced the shipped config the error's key
+    comes from (`target/cpu.yaml` holding `device: cuda`), the words that say
+    so; else "". A config dir's files win over the shipped ones of the same
+    name, which the key alone does not show."""
+    from .shipped import CONF_DIR
+
+    group = key.lstrip("+~").partition(".")[0]
+    choice = choices.get(group)
+    if config_dir is None or not isinstance(choice, str):
+        return ""
+    theirs = Path(config_dir) / group / f"{choice}.yaml"
+    if not (theirs.is_file() and (CONF_DIR / group / f"{choice}.yaml").is_file()):
+        return ""
+    return f" ({group}={choice} is {theirs}, which replaces the shipped {group}/{choice}.yaml)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import importlib.util
+import platform
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -108,6 +109,8 @@ def module_source(target: str) -> dict[str, Any]:
     found = importlib.util.find_spec(top)
     if found is None or found.origin is None and not found.submodule_search_locations:
         return {"target": target, "unresolved": True}
+    if found.origin in ("built-in", "frozen") and not found.submodule_search_locations:
+        return {"target": target, "python": platform.python_version()}  # the interpreter's own code: no file
     root = str(found.submodule_search_locations[0] if found.submodule_search_locations else found.origin)
     dist = distribution_of(top) if _installed(root) else None
     if dist is not None:

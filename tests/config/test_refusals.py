@@ -141,3 +141,93 @@ def test_a_config_file_cannot_choose_code_under_release(tmp_path: Path) -> None:
             compose([f"+module={name}", "release=true"], config_dir=conf)
         compose([f"+module={name}"], config_dir=conf)  # no allow-list: the user's own config
     compose(["+module=path", "release=true", f"python_path=[{tmp_path}]"], config_dir=conf)  # said on the command line
+
+
+def flashrt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flashrt_build", *args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
+
+
+@pytest.mark.parametrize("group", ["passes", "module", "quant"])
+def test_a_config_group_set_to_null_is_named_with_its_choices(group: str) -> None:
+    with pytest.raises(ConfigError, match=rf"config group '{group}' = None: .*its configs \(shipped: .*\), not null"):
+        compose(["+module=mlp", f"{group}=null"])
+
+
+def test_a_group_given_twice_gets_command_line_advice() -> None:
+    with pytest.raises(ConfigError, match=r"'\+passes' = 'llm': passes already has a config: write passes=llm"):
+        compose(["+module=mlp", "+passes=llm"])
+
+
+def test_a_value_a_config_file_set_is_shown_as_the_file_gave_it(tmp_path: Path) -> None:
+    (tmp_path / "passes").mkdir()
+    (tmp_path / "passes" / "fast.yaml").write_text("fuse_everything: true\n")
+    (tmp_path / "module").mkdir()
+    (tmp_path / "module" / "m2.yaml").write_text(
+        "# @package _global_\nweights: banana\nmodule:\n  name: m2\n  model: {_target_: flashrt_build.examples.MLP}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"'passes.fuse_everything' = True: not a config key.*\(in passes/fast.yaml\)"
+    ):
+        compose(["+module=mlp", "passes=fast"], config_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"'weights' = 'banana': Invalid value 'banana'.*\(in module/m2.yaml\)"):
+        compose(["+module=m2"], config_dir=tmp_path)
+
+
+def test_a_config_dir_cannot_replace_the_schema_and_a_replaced_group_file_is_named(tmp_path: Path) -> None:
+    schema = tmp_path / "schema"
+    schema.mkdir()
+    (schema / "flashrt_build_schema.yaml").write_text("weights: banana\n")
+    with pytest.raises(ConfigError, match=r"holds flashrt_build_schema.yaml, which would replace the tool's typed"):
+        compose(["+module=mlp"], config_dir=schema)
+    (tmp_path / "tg" / "target").mkdir(parents=True)
+    (tmp_path / "tg" / "target" / "cpu.yaml").write_text("device: cuda\n")
+    done = flashrt("--config-dir", str(tmp_path / "tg"), "+module=mlp", f"output_root={tmp_path / 'out'}")
+    if "no CUDA device" in done.stderr:  # on a GPU host target.device=cuda is fine: the file is then not an error
+        assert done.returncode == 2
+        assert f"(target=cpu is {tmp_path / 'tg' / 'target' / 'cpu.yaml'}, which replaces the shipped" in done.stderr
+
+
+def test_a_link_to_the_same_model_directory_is_the_same_model(tmp_path: Path) -> None:
+    from flashrt_build.artifact import MANIFEST, SCHEMA
+    from flashrt_build.config.paths import check_same_model
+
+    (tmp_path / "zoo" / "llama").mkdir(parents=True)
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "llama").symlink_to(tmp_path / "zoo" / "llama")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MANIFEST).write_text(
+        json.dumps({"schema": SCHEMA, "config": {"module": {"pretrained": str(tmp_path / "zoo" / "llama")}}})
+    )
+    check_same_model(out, {"module": {"pretrained": str(tmp_path / "links" / "llama"), "model": {}}})
+    (tmp_path / "other" / "llama").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"holds the build of .*zoo/llama, another model than .*other/llama"):
+        check_same_model(out, {"module": {"pretrained": str(tmp_path / "other" / "llama"), "model": {}}})
+
+
+def test_repro_names_the_pretrained_key_the_user_set(tmp_path: Path) -> None:
+    from flashrt_build.commands.repro import check_inputs
+
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text("{}")
+    entry = {"key": "module.model.pretrained", "path": str(tmp_path / "llama" / "config.json"), "sha256": "0" * 64}
+    manifest = {"config": {"module": {"pretrained": str(tmp_path / "llama")}}, "build_inputs": [entry]}
+    with pytest.raises(ConfigError, match=r"config key 'module.pretrained' = .*config.json': changed since"):
+        check_inputs(manifest)
+
+
+def test_a_target_of_the_interpreters_own_code_is_named_not_a_missing_file(tmp_path: Path) -> None:
+    model = ["~module.model.in_features", "~module.model.hidden", "~module.model.out_features"]
+    for target in ("builtins.dict", "os.getcwd"):  # a built-in module, a frozen one: no source file
+        done = flashrt("+module=mlp", *model, f"module.model._target_={target}", f"output_root={tmp_path}")
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert f"config key 'module.model._target_' = '{target}': expected an nn.Module" in done.stderr
+
+
+def test_a_command_word_out_of_place_is_said_to_go_first(tmp_path: Path) -> None:
+    done = flashrt("-m", "generate", "out")
+    assert done.returncode == 2 and "'generate' is a command: it goes first (flashrt-build generate ...)" in done.stderr
+    done = flashrt("doctor", "--config-dir", "cfgs", "+module=m2")
+    assert done.returncode == 2 and "'--config-dir' is not an option of doctor" in done.stderr
