@@ -6,11 +6,12 @@ its log note; this file only strings them together."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import torch
 from omegaconf import DictConfig
 
 from .artifact import PACKAGE
@@ -58,12 +59,29 @@ class BuildResult:
         return self.output_dir / PACKAGE
 
 
-def build(cfg: DictConfig | BuildConfig | Mapping[str, Any], cwd: Path | None = None) -> BuildResult:
+def build(
+    cfg: DictConfig | BuildConfig | Mapping[str, Any] | torch.nn.Module,
+    cwd: Path | None = None,
+    *,
+    example_inputs: Sequence[Any] | None = None,
+    **options: Any,
+) -> BuildResult:
     """Build one package from a config and publish it to its output directory.
+
+    Or from a module object, as torch.export takes one: `build(model,
+    example_inputs=(x,), dynamic_shapes=..., weights="external")`, the
+    options `module_object.build_module`'s.
 
     Progress goes to the `flashrt_build` logger, as the command line's does:
     to stderr unless the application configured logging itself;
     `logging.getLogger("flashrt_build").setLevel(logging.WARNING)` silences it."""
+    if isinstance(cfg, torch.nn.Module):
+        from .module_object import build_module
+
+        return cast(BuildResult, build_module(cfg, example_inputs, cwd=cwd, **options))
+    if example_inputs is not None or options:
+        given = ", ".join(["example_inputs", *options] if example_inputs is not None else options)
+        raise TypeError(f"build(cfg): {given} are options of a build from a module object, build(model, ...)")
     report_progress()
     quiet_known_warnings()
     return build_plan(make_plan(cfg, cwd))

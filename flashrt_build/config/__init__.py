@@ -1,7 +1,8 @@
 """What to build: the config, checked before any work.
 
     schema.py        the typed Hydra schema, one dataclass per group (quant's in quant.py)
-    compose.py       composing the shipped configs without the CLI; Hydra's errors as one line
+    compose.py       composing the shipped configs without the CLI
+    hydra_errors.py  Hydra's composition errors as the tool's one line, the value as it was given
     command_line.py  the command line composed before Hydra runs anything
     naming.py        the output folder's name, the same from the CLI and compose()
     shipped.py       where the shipped configs and the C++ sources are, installed or not

@@ -16,7 +16,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..errors import ConfigError
-from .compose import CONF_DIR, compose, composition_error, hydra_loader
+from .compose import CONF_DIR, compose, hydra_loader
+from .hydra_errors import composition_error
 from .paths import check_config_dir, derive_output_dir
 from .problems import raise_all
 from .schema import plain

@@ -9,6 +9,7 @@ build's verification uses to load a package exactly as users do.
     graphs.py          CUDA-graph replay of a method's calls, one graph per input shape
     threads.py         the CPU threads a method's calls run on
     generate.py        `generate(m, prompt, n)`: greedy or sampled, through prefill and decode; text in, text out
+    sampling.py        how the next token is chosen: greedy, temperature, top-k, top-p, a repetition penalty
     tokenizer.py       the tokenizer a build copied beside its package, its files checked first
     sizes.py           a causal_lm package's sizes: a prompt held against them, refused by the keys a user sets
     manifest.py        reading, writing and checking manifest.json

@@ -16,6 +16,7 @@ from typing import Any, overload
 
 import torch
 
+from .sampling import chooser, penalised
 from .sizes import PromptRefused, built_sizes, check_request, declared_inputs, model_positions
 from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer, token_ids
 
@@ -121,13 +122,10 @@ def generate_ids(
     _check_fits(model, prompt, max_new_tokens, (prefill, decode, position))
     if temperature > 0 and seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
-    choose = _chooser(temperature, top_k, top_p, seed, prompt.device)
+    choose = chooser(temperature, top_k, top_p, seed, prompt.device)
     if repetition_penalty != 1.0:
-        choose = _penalised(choose, prompt, repetition_penalty)
-    try:
-        ends = None if eos is None else torch.tensor(token_ids(eos), dtype=torch.int64, device=prompt.device)
-    except TypeError:
-        raise ValueError(f"eos = {eos!r}: expected a token id or a collection of them (integers), or None") from None
+        choose = penalised(choose, prompt, repetition_penalty)
+    ends = _ends(eos, prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         start = time.perf_counter()
@@ -174,44 +172,12 @@ def _check_fits(model: Any, prompt: torch.Tensor, max_new_tokens: int, names: tu
     _check_room(model, decode, position, prompt.shape[1] + max_new_tokens - 1)
 
 
-def _chooser(
-    temperature: float, top_k: int | None, top_p: float | None, seed: int | None, device: torch.device
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How the next token of each sequence, [batch, 1], is chosen from the last position's logits."""
-    finite = math.isfinite(temperature) and temperature >= 0
-    if not finite or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError(
-            f"expected a finite temperature >= 0, top_k >= 1 and 0 < top_p <= 1; got {temperature}, {top_k}, {top_p}"
-        )
-    if temperature == 0:
-        return lambda logits: logits[:, -1].argmax(-1, keepdim=True)
-    generator = torch.Generator(device=device)
-    assert seed is not None  # drawn by `generate` when not given
-    generator.manual_seed(seed)
-
-    def sample(logits: torch.Tensor) -> torch.Tensor:
-        scores = _scaled(logits[:, -1], temperature)
-        if top_k is not None:
-            kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if top_p is not None:
-            ordered, order = scores.sort(dim=-1, descending=True)
-            before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # probability of the tokens above
-            cut = before >= top_p
-            cut[:, 0] = False  # the most likely one always stays
-            scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered.masked_fill(cut, float("-inf")))
-        return torch.multinomial(scores.softmax(-1), 1, generator=generator)
-
-    return sample
-
-
-def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Logits over the temperature, in float64 and less their largest (0 for
-    the likeliest): a temperature as small as 1e-320 (zero in float32) or a
-    logit a repetition penalty made infinite gives the likeliest tokens, not
-    inf - inf; a top_p as small as 1e-300 stays above zero."""
-    scores = logits.double().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float64).max, neginf=float("-inf"))
-    return (scores - scores.max(-1, keepdim=True).values) / temperature
+def _ends(eos: int | Collection[int] | None, device: torch.device) -> torch.Tensor | None:
+    """The end-of-sequence token ids as a tensor on `device`; a ValueError naming `eos` for anything else."""
+    try:
+        return None if eos is None else torch.tensor(token_ids(eos), dtype=torch.int64, device=device)
+    except TypeError:
+        raise ValueError(f"eos = {eos!r}: expected a token id or a collection of them (integers), or None") from None
 
 
 @dataclass
@@ -244,25 +210,6 @@ class _Steps:
             if done is not None and ends is not None:
                 done |= torch.isin(token, ends)
         return tokens, "length"
-
-
-def _penalised(
-    choose: Callable[[torch.Tensor], torch.Tensor], prompt: torch.Tensor, penalty: float
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`choose` over logits in which every token seen so far (the prompt, and
-    each chosen one, which it remembers) is `penalty` times less likely."""
-    seen = [prompt]
-
-    def choose_penalised(logits: torch.Tensor) -> torch.Tensor:
-        last = logits[:, -1:].float().clone()
-        ids = torch.cat(seen, dim=1)
-        scores = last[:, 0].gather(1, ids)
-        last[:, 0].scatter_(1, ids, torch.where(scores < 0, scores * penalty, scores / penalty))
-        token = choose(last)
-        seen.append(token.to(prompt.dtype))
-        return token
-
-    return choose_penalised
 
 
 def _logits(out: Any) -> torch.Tensor:

@@ -5,6 +5,7 @@ its manifest sections and its log note.
     preflight.py        the config's checks that need torch: options, device, method names, targets
     module.py           instantiate the module, cast it (checkpoint.py: load its weights strictly)
     checkpoint.py       a checkpoint streamed into the module, names renamed, tied weights given once
+    objects.py          a build from a module object: the copy it builds, keyed by what the object is
     reference.py        the module as given, run over the verification's calls before any pass rewrites it
     passes.py           graph passes on the module before export: projections fused, and the others
     fused.py            the fused projections' layers: one Linear for the group, a slice for each member

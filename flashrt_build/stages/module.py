@@ -24,6 +24,7 @@ from ..runtime.checkpoint import FROM_PRETRAINED, check_loading_report, loading_
 from ..runtime.hashing import file_sha256
 from .checkpoint import load_checkpoint
 from .inputs import torch_dtype
+from .objects import GIVEN, object_record
 from .preflight import locate_target, real_name
 from .progress import Stage
 
@@ -138,6 +139,7 @@ def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:
         "distribution": {"name": found[0], "version": found[1]} if found else None,
         "checkpoint": checkpoint,
         "seed": spec.seed,
+        **({"object": object_record(spec.model["digest"])} if spec.target == GIVEN else {}),
     }
 
 

@@ -1,0 +1,117 @@
+"""The module objects that builds from an object (`flashrt_build.build(model,
+...)`, module_object.py) hand the instantiate stage, by digest: `given`
+is such a build's `_target_`, and what the object is keys the build."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import hashlib
+import inspect
+import pickle
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..runtime.dtypes import dtype_name
+from ..runtime.hashing import file_sha256
+from .weights import tensor_sha256
+
+GIVEN = "flashrt_build.stages.objects.given"
+
+# The objects of the builds running in this context, by digest: `given` hands
+# the build its copy. A context variable, not a global: two threads' builds
+# each see their own.
+_objects: contextvars.ContextVar[Mapping[str, torch.nn.Module]] = contextvars.ContextVar("flashrt_objects")
+
+
+def given(digest: str) -> torch.nn.Module:
+    """The `_target_` of a build from an object: a copy of the object
+    `build_module` was given, which the build may cast and rewrite."""
+    found = _objects.get({}).get(digest)
+    if found is None:
+        raise ConfigError(
+            "module.model.digest",
+            digest,
+            "names no module object of this process: a build from an object runs where the object is "
+            "(flashrt_build.build(model, example_inputs=...)), not from a config or a sweep",
+        )
+    return copy.deepcopy(found)
+
+
+@contextlib.contextmanager
+def handing(digest: str, module: torch.nn.Module) -> Iterator[None]:
+    """`given(digest)` hands out copies of `module` inside."""
+    token = _objects.set({**_objects.get({}), digest: module})
+    try:
+        yield
+    finally:
+        _objects.reset(token)
+
+
+def object_digest(module: torch.nn.Module) -> tuple[str, str | None]:
+    """(digest, None): sha256 of the object's pickle, streamed, each tensor
+    by its dtype, shape and contents (a storage pickles by its address,
+    another each process); or (a fresh random name, why) where the object
+    does not pickle."""
+    digest = hashlib.sha256()
+
+    class Sha256Writer:
+        def write(self, data: bytes) -> int:
+            digest.update(data)
+            return len(data)
+
+    class ByContents(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> str | None:
+            if not isinstance(obj, torch.Tensor):
+                return None
+            kind = "parameter" if isinstance(obj, torch.nn.Parameter) else "tensor"
+            return f"{kind} {dtype_name(obj.dtype)} {list(obj.shape)} {obj.device.type} {tensor_sha256(obj.detach())}"
+
+    try:
+        ByContents(Sha256Writer(), protocol=4).dump(module)
+    except Exception as exc:  # noqa: BLE001 - whatever stops pickling stops keying, nothing else
+        return f"unkeyed-{uuid.uuid4().hex}", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    for source in class_sources(module):  # a class pickles by name: its code is keyed by its file
+        digest.update(f"{source} {file_sha256(Path(source))}".encode())
+    return digest.hexdigest(), None
+
+
+def class_sources(module: torch.nn.Module) -> list[str]:
+    """The source files of the classes the object's modules are (and derive
+    from), torch's own aside (torch's version keys the build already)."""
+    files = set()
+    for cls in {c for sub in module.modules() for c in type(sub).__mro__}:
+        if cls.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        try:
+            source = inspect.getsourcefile(cls)
+        except TypeError:
+            continue
+        if source and Path(source).is_file():
+            files.add(source)
+    return sorted(files)
+
+
+def object_record(digest: str) -> dict[str, Any] | None:
+    """The manifest's `module.object`: the class the build's object was, its
+    source file and that file's digest, and the object's own digest."""
+    found = _objects.get({}).get(digest)
+    if found is None:
+        return None
+    cls = type(found)
+    try:
+        source = inspect.getsourcefile(cls)
+    except TypeError:
+        source = None
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "source_file": source,
+        "source_sha256": file_sha256(Path(source)) if source else None,
+        "sha256": None if digest.startswith("unkeyed-") else digest,
+    }

@@ -1,0 +1,139 @@
+"""A build straight from a module object, as torch.export takes one: the
+same verified package and manifest a config gives, the caller's object left
+as it was, keyed by what the object is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.export import Dim
+
+import flashrt_build
+from flashrt_build.errors import ConfigError
+from flashrt_build.stages.objects import object_digest
+
+
+class Scaled(torch.nn.Module):
+    """Token ids and a float input, positionally: an embedding, a projection, a scale."""
+
+    def __init__(self, vocab: int = 50) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, 16)
+        self.proj = torch.nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.embed(ids)) * scale
+
+
+def examples(length: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(length)
+    return torch.randint(0, 50, (2, length), generator=generator), torch.rand(2, length, 1, generator=generator)
+
+
+SEQ = Dim("seq", min=2, max=32)
+
+
+@pytest.fixture(scope="module")
+def scaled() -> Scaled:
+    torch.manual_seed(0)
+    return Scaled()
+
+
+@pytest.fixture(scope="module")
+def object_build(scaled: Scaled, tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
+    root = tmp_path_factory.mktemp("object")
+    return flashrt_build.build(
+        scaled,
+        example_inputs=examples(),
+        dynamic_shapes={"ids": {1: SEQ}, "scale": {1: SEQ}},
+        input_ranges={"ids": (0, 50)},
+        weights="external",
+        overrides=[f"output_root={root}"],
+    )
+
+
+@pytest.mark.slow
+def test_a_module_object_builds_a_verified_package_and_is_left_as_it_was(
+    scaled: Scaled, object_build: flashrt_build.BuildResult
+) -> None:
+    before = {name: tensor.clone() for name, tensor in scaled.state_dict().items()}
+    manifest = object_build.manifest
+    assert object_build.status == "built" and manifest["verification"]["passed"] is True
+    assert object_build.output_dir.name == "cpu-external-default" and object_build.output_dir.parent.name == "scaled"
+    assert (object_build.output_dir / "weights.safetensors").is_file()
+    record = manifest["module"]["object"]
+    assert record["class"] == f"{__name__}.Scaled" and record["source_file"] == __file__
+    assert record["sha256"] == object_digest(scaled)[0]
+    inputs = manifest["config"]["module"]["inputs"]
+    assert inputs["ids"]["dtype"] == "int64" and dict(inputs["ids"]["dynamic"]) == {
+        1: {"name": "seq", "min": 2, "max": 32}
+    }
+    assert (inputs["ids"]["low"], inputs["ids"]["high"]) == (0, 50) and inputs["scale"]["low"] is None
+
+    model = flashrt_build.load(object_build.output_dir)
+    for length in (2, 8, 31):  # the dynamic axis, as the examples declared it
+        torch.testing.assert_close(model(*examples(length)), scaled(*examples(length)))
+    with pytest.raises(ValueError, match=r"input 'ids' holds values from 0 to 50; the package accepts 0 to 49"):
+        model(torch.tensor([[0, 50], [1, 2]]), torch.ones(2, 2, 1))  # past the embedding
+    # the caller's object: not put in eval mode, not cast, not rewritten
+    assert scaled.training and all(torch.equal(before[k], v) for k, v in scaled.state_dict().items())
+
+
+@pytest.mark.slow
+def test_an_unchanged_object_is_up_to_date_and_a_changed_one_is_not(
+    scaled: Scaled, object_build: flashrt_build.BuildResult
+) -> None:
+    again = flashrt_build.build(
+        scaled,
+        example_inputs=examples(),
+        dynamic_shapes={"ids": {1: SEQ}, "scale": {1: SEQ}},
+        input_ranges={"ids": (0, 50)},
+        weights="external",
+        overrides=[f"output_root={object_build.output_dir.parents[1]}"],
+    )
+    assert again.status == "up_to_date" and again.output_dir == object_build.output_dir
+    changed = Scaled()
+    changed.load_state_dict(scaled.state_dict())
+    assert object_digest(changed)[0] == object_digest(scaled)[0]  # another object, the same contents
+    with torch.no_grad():
+        changed.proj.bias.add_(1)
+    assert object_digest(changed)[0] != object_digest(scaled)[0]
+    changed.proj.bias.data = scaled.proj.bias.clone()
+    changed.extra = 2.0  # an attribute forward could read: a pickle keys it too
+    assert object_digest(changed)[0] != object_digest(scaled)[0]
+
+
+def test_an_object_that_does_not_pickle_is_built_every_time_and_says_why() -> None:
+    module = torch.nn.Linear(2, 2)
+    module.register_forward_hook(lambda *args: None)
+    first, why = object_digest(module)
+    assert first.startswith("unkeyed-") and why is not None and "lambda" in why
+    assert object_digest(module)[0] != first
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"overrides": ["release=true"]}, "config key 'release' = True: a module object cannot be a release"),
+        ({"dynamic_shapes": {"ids": {1: Dim("seq")}}}, "\"Dim('seq', min=0)\": expected torch.export.Dim(name, min="),
+        ({"dynamic_shapes": {"idz": {1: SEQ}}}, "names no input; the inputs are ids, scale"),
+        ({"dynamic_shapes": {"ids": {5: SEQ}}}, "expected an axis of ids, 0..1"),
+        ({"input_ranges": {"ids": (0, 10)}}, "input_ranges['ids']' = (0, 10): the example holds"),
+        ({"input_ranges": {"scale": (0, 10)}}, "scale is float32: a range is for an integer input"),
+    ],
+)
+def test_what_a_build_from_an_object_refuses_before_any_work(options: dict, says: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        given = {**options, "overrides": [*options.get("overrides", []), f"output_root={tmp_path}"]}
+        flashrt_build.build(Scaled(), example_inputs=examples(), **given)
+    assert says in str(raised.value)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_too_many_examples_and_options_without_an_object_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"Scaled.forward takes 2 positionally \(ids, scale\)"):
+        flashrt_build.build(Scaled(), example_inputs=(*examples(), torch.ones(1)))
+    with pytest.raises(TypeError, match=r"example_inputs are options of a build from a module object"):
+        flashrt_build.build({"module": {}}, example_inputs=examples())
