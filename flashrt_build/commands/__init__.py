@@ -9,6 +9,7 @@
     generate_options.py  generate's flags, each checked before anything is read
     text.py     generate's text in and out: the prompt's ids (its flags checked), the continuation printed
     chat_template.py  a tokenizer's chat template rendered for generate, in a bounded process
+    chat.py     generate --interactive: a conversation, the KV cache kept between turns
 
 May import anything of flashrt_build; nothing imports them but their shims and
 `flashrt-build NAME` (`__main__.py`).

@@ -12,8 +12,9 @@ output on stderr. `--prompt-ids 1,2,3` serves a package without a tokenizer
 (torch and safetensors are all it needs), printing token ids. The flags are
 the ones people know from transformers and llama.cpp (generate_options.py):
 sampling, a repetition penalty, stop strings, a system message, a prompt
-from a file or stdin, another checkpoint, JSON out; a generation that
-reaches the cache's end stops there, with a note.
+from a file or stdin, another checkpoint, JSON out; a conversation
+(`--interactive`: chat.py); a generation that reaches the cache's end
+stops there, with a note.
 
 Exit codes, as the build command's: 0 done; 1 the package or a call failed
 (a file altered since its build); 2 a wrong command line or input (a flag out
@@ -135,6 +136,11 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
     torch, load, generate = _runtime()
     device = _device(args.device, manifest)
     model = load(args.output_dir, weights=args.weights, device=device, threads=_threads(args.threads, device))
+    if args.interactive:
+        from .chat import converse
+
+        eos = None if args.ignore_eos else eos_tokens(args.output_dir, tokenizer)
+        return converse(args, model, tokenizer, generate, _room, eos=eos, **sampling)
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
     stream.tokenizer, stream.stops, stream.quiet = tokenizer, tuple(args.stop), args.json
     eos = None if args.ignore_eos else eos_tokens(args.output_dir, tokenizer)
@@ -153,15 +159,21 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
     return 0
 
 
-def _room(model: Any, prompt: int, asked: int) -> tuple[int, str | None]:
+def _room(model: Any, prompt: int, asked: int, decoded: bool = False) -> tuple[int, str | None]:
     """The new tokens to generate: as asked, or as many as the cache holds
     after the prompt, with why in the words of the key that would build a
-    longer one (a prompt the package does not take is refused as ever)."""
+    longer one (a prompt the package does not take is refused as ever;
+    `decoded`, a conversation's turn decoded from the cache, is bounded by
+    the cache alone)."""
+    import dataclasses
+
     from ..runtime.sizes import PromptRefused, built_sizes, check_request, model_positions
 
     sizes = built_sizes(model, "prefill", "decode", "position")
     if sizes is None:
         return asked, None
+    if decoded:
+        sizes = dataclasses.replace(sizes, max_prompt=max(sizes.max_prompt, prompt))
     try:
         check_request(sizes, sizes.batch, prompt, asked, lambda: model_positions(model.manifest))
     except PromptRefused as full:

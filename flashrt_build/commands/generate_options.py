@@ -39,6 +39,11 @@ def parser() -> argparse.ArgumentParser:
     given.add_argument("--prompt", help="the prompt's text (needs the tokenizer the build copied)")
     given.add_argument("--prompt-file", type=Path, help="the prompt's text from a file; - reads standard input")
     given.add_argument("--prompt-ids", help="the prompt's token ids, comma-separated (1,2,3)")
+    given.add_argument(
+        "--interactive",
+        action="store_true",
+        help="a conversation: a turn a line of standard input, the KV cache kept between turns; /reset starts over",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy")
     parser.add_argument("--top-k", type=int, default=None)
@@ -89,6 +94,8 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise argument("--stop", args.stop[0], "stop strings are text; --prompt-ids prints token ids")
     if any(not stop for stop in args.stop):
         raise argument("--stop", "", "expected a non-empty string")
+    if args.interactive and args.json:
+        raise argument("--json", True, "prints one generation's record; --interactive holds a conversation")
     if args.prompt_ids is not None:
         parse_ids(args.prompt_ids)  # a malformed list is the command line's mistake, named before anything is read
     return {

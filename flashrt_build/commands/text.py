@@ -34,18 +34,20 @@ def argument(flag: str, value: object, expected: str) -> ConfigError:
 
 def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any, list[int]]:
     """The tokenizer (None for --prompt-ids) and the prompt's token ids, each in the package's vocabulary."""
+    if args.interactive:  # the prompts are standard input's lines, read turn by turn (chat.py)
+        return served_tokenizer(args.output_dir, chat=args.chat, prompt="--interactive"), []
     if args.prompt_ids is not None:
         if args.chat:
             raise argument("--chat", True, "applies to --prompt's text; --prompt-ids are token ids already")
         ids = parse_ids(args.prompt_ids)
-        _check_vocabulary(ids, manifest, "--prompt-ids", args.prompt_ids)
+        check_vocabulary(ids, manifest, "--prompt-ids", args.prompt_ids)
         return None, ids
-    text = _utf8(args.prompt) if args.prompt is not None else _read_prompt(args.prompt_file)
+    text = utf8(args.prompt) if args.prompt is not None else _read_prompt(args.prompt_file)
     tokenizer = served_tokenizer(args.output_dir, chat=args.chat, prompt="--prompt")
-    ids = _chat_ids(tokenizer, text, args.output_dir, args.system) if args.chat else _encode(tokenizer, text)
+    ids = _chat_ids(tokenizer, text, args.output_dir, args.system) if args.chat else encode(tokenizer, text)
     if not ids:
         raise argument("--prompt", text, "encodes to no tokens; the package needs at least one")
-    _check_vocabulary(ids, manifest, "--prompt", text)
+    check_vocabulary(ids, manifest, "--prompt", text)
     return tokenizer, ids
 
 
@@ -61,7 +63,7 @@ def parse_ids(given: str) -> list[int]:
     return [int(item) for item in items]
 
 
-def _utf8(text: str) -> str:
+def utf8(text: str) -> str:
     """The prompt as text: bytes that are not UTF-8 reach argv as surrogates, which no tokenizer encodes."""
     try:
         text.encode("utf-8")
@@ -83,23 +85,28 @@ def _read_prompt(path: Path) -> str:
         raise argument("--prompt-file", str(path), f"is not valid UTF-8 (byte {exc.start})") from None
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def encode(tokenizer: Any, text: str) -> list[int]:
     encoded = tokenizer.encode(text)
     return list(encoded.ids if hasattr(encoded, "ids") else encoded)
 
 
 def _chat_ids(tokenizer: Any, text: str, output_dir: Path, system: str | None = None) -> list[int]:
     """The prompt as one user message (after `system`'s, when given) through
-    the tokenizer's chat template, as transformers' `apply_chat_template`
-    encodes it, the template rendered under bounds (chat_template.py)."""
+    the tokenizer's chat template."""
+    messages = [{"role": "system", "content": utf8(system)}] if system is not None else []
+    return chat_ids(tokenizer, [*messages, {"role": "user", "content": text}], output_dir)
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]], output_dir: Path) -> list[int]:
+    """A conversation's messages through the tokenizer's chat template, the
+    assistant's turn next, as transformers' `apply_chat_template` encodes
+    it, the template rendered under bounds (chat_template.py)."""
     from .chat_template import refused, render
 
     try:
         template = tokenizer.get_chat_template()
     except ValueError:
         raise argument("--chat", True, f"the tokenizer in {output_dir} has no chat template") from None
-    messages = [{"role": "system", "content": _utf8(system)}] if system is not None else []
-    messages.append({"role": "user", "content": text})
     source = _template_source(output_dir)
     rendered = render(template, messages, tokenizer.special_tokens_map, source)
     ids = list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
@@ -117,7 +124,7 @@ def _template_source(output_dir: Path) -> Path:
     return output_dir / "tokenizer_config.json"
 
 
-def _check_vocabulary(ids: list[int], manifest: dict[str, Any], flag: str, given: str) -> None:
+def check_vocabulary(ids: list[int], manifest: dict[str, Any], flag: str, given: str) -> None:
     """Token ids the prefill's declared range takes (its vocabulary), before the package is loaded."""
     spec = manifest_methods(manifest)["prefill"]["inputs"][0]
     low, high = spec.get("low"), spec.get("high")
@@ -189,6 +196,10 @@ class Stream:
         if len(shown) > len(self.printed):
             self._print(shown[len(self.printed) :])
             self.printed = shown
+
+    def is_stopped(self) -> bool:
+        """Whether the text reached a stop string: generation's `stop()`."""
+        return self.stopped
 
     def _held(self, text: str) -> int:
         """How much of the text's end could begin a stop string: not printed yet."""

@@ -5,6 +5,7 @@ example of use and the reference for `flashrt-generate` (C++)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import os
@@ -100,6 +101,7 @@ def generate_ids(
     repetition_penalty: float = 1.0,
     on_token: Callable[[torch.Tensor], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    cached: int = 0,
 ) -> Generation:
     """Generation through a prefill and a decode method: `model.<prefill>(prompt)`
     gives the logits of every prompt position, the last one's choice is the
@@ -107,29 +109,29 @@ def generate_ids(
 
     Stops after `max_new_tokens`, or once every sequence produced one of `eos`.
     `temperature` 0 is greedy; above, it samples from the `top_k` likeliest and
-    the fewest reaching `top_p`, seeded by `seed`, else from the system (each
-    run its own tokens; `Generation.seed` says which, to repeat one).
-    `repetition_penalty` above 1 makes every token the sequence holds (the
-    prompt's too) less likely, as transformers' does: a positive logit
-    divided by it, a negative one multiplied. `on_token(token [batch, 1])`
-    sees each token as chosen (streaming: a wait per step), and `stop()`,
-    asked after it, ends the generation when true (a stop string the caller
-    saw in the text); `timed` waits for the device to time prefill and decode.
+    the fewest reaching `top_p`, seeded by `seed`, else from the system
+    (`Generation.seed` says which, to repeat a run). `repetition_penalty`
+    above 1 makes every token the sequence holds less likely, as
+    transformers' does. `on_token(token [batch, 1])` sees each token as
+    chosen (streaming), and `stop()`, asked after it, ends the generation
+    when true (a stop string the caller saw); `timed` waits for the device to
+    time prefill and decode. `cached`: the prompt's first tokens the cache
+    holds already (a conversation's earlier turns): the rest are decoded one
+    at a time from there instead of prefilled.
     """
     _check_seed(seed)
-    if not (math.isfinite(repetition_penalty) and repetition_penalty > 0):
-        raise ValueError(f"repetition_penalty = {repetition_penalty!r}: expected a finite number > 0 (1: none)")
-    _check_fits(model, prompt, max_new_tokens, (prefill, decode, position))
+    _check_fits(model, prompt, max_new_tokens, (prefill, decode, position), cached)
     if temperature > 0 and seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
-    choose = chooser(temperature, top_k, top_p, seed, prompt.device)
-    if repetition_penalty != 1.0:
-        choose = penalised(choose, prompt, repetition_penalty)
+    choose = _choosing(prompt, temperature, top_k, top_p, seed, repetition_penalty)
     ends = _ends(eos, prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         start = time.perf_counter()
-        logits = _logits(getattr(model, prefill)(prompt))
+        if cached:
+            logits = _fed(getattr(model, decode), position, prompt, cached)
+        else:
+            logits = _logits(getattr(model, prefill)(prompt))
         token = choose(logits).to(prompt.dtype)
         wait()
         prefill_s, start = time.perf_counter() - start, time.perf_counter()
@@ -140,9 +142,18 @@ def generate_ids(
         wait()
         decode_s = time.perf_counter() - start if len(tokens) > 1 else 0.0
     result = Generation(torch.cat(tokens, dim=1), seed=seed if temperature > 0 else None, stopped=stopped)
-    if timed:
-        result.prefill_s, result.decode_s = prefill_s, decode_s
+    result.prefill_s, result.decode_s = (prefill_s, decode_s) if timed else (result.prefill_s, result.decode_s)
     return result
+
+
+def _choosing(
+    prompt: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, seed: int | None, penalty: float
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How each next token is chosen (sampling.py), the repetition penalty over the prompt's tokens and those after."""
+    if not (math.isfinite(penalty) and penalty > 0):
+        raise ValueError(f"repetition_penalty = {penalty!r}: expected a finite number > 0 (1: none)")
+    choose = chooser(temperature, top_k, top_p, seed, prompt.device)
+    return penalised(choose, prompt, penalty) if penalty != 1.0 else choose
 
 
 def _check_seed(seed: Any) -> None:
@@ -158,18 +169,35 @@ def _check_seed(seed: Any) -> None:
         raise ValueError(f"seed = {seed!r}: expected an integer with 0 <= seed < 2**63")
 
 
-def _check_fits(model: Any, prompt: torch.Tensor, max_new_tokens: int, names: tuple[str, str, str]) -> None:
+def _check_fits(
+    model: Any, prompt: torch.Tensor, max_new_tokens: int, names: tuple[str, str, str], cached: int = 0
+) -> None:
     """The prompt and the new tokens fit the package, before any call."""
     if prompt.dim() != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be [batch, length] token ids, got shape {list(prompt.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(cached, bool) or not isinstance(cached, int) or not 0 <= cached < prompt.shape[1]:
+        raise ValueError(f"cached = {cached!r}: expected 0 <= cached < the prompt's {prompt.shape[1]} tokens")
     prefill, decode, position = names
     sizes = built_sizes(model, prefill, decode, position)
+    if sizes is not None and cached:  # decoded, not prefilled: only the cache bounds it
+        sizes = dataclasses.replace(sizes, max_prompt=max(sizes.max_prompt, prompt.shape[1]))
     if sizes is not None:  # a causal_lm package: the keys a user sets, not the inputs they derive
         manifest = getattr(model, "manifest", None) or {}
         check_request(sizes, prompt.shape[0], prompt.shape[1], max_new_tokens, lambda: model_positions(manifest))
     _check_room(model, decode, position, prompt.shape[1] + max_new_tokens - 1)
+
+
+def _fed(call: Callable[..., Any], position: str, prompt: torch.Tensor, cached: int) -> torch.Tensor:
+    """The prompt's tokens past `cached` through decode, each at its position
+    (writing the cache there): the logits after the last."""
+    logits = None
+    for at in range(cached, prompt.shape[1]):
+        where = torch.full((prompt.shape[0],), at, dtype=torch.int64, device=prompt.device)
+        logits = _logits(call(prompt[:, at : at + 1], **{position: where}))
+    assert logits is not None  # cached < the prompt's length: checked first
+    return logits
 
 
 def _ends(eos: int | Collection[int] | None, device: torch.device) -> torch.Tensor | None:

@@ -1,0 +1,118 @@
+"""`python -m flashrt_build.generate OUT --interactive [--chat]`: a
+conversation, a turn a line of standard input, the package's KV cache kept
+between turns. Each turn's prompt is the whole conversation (through the
+chat template with `--chat`, else its text joined by newlines); the tokens
+the cache holds already are not computed again: only those past the part it
+shares with the last turn's are decoded, one a step, from where that turn
+ended. `/reset` starts over; end of input (Ctrl-D) ends the conversation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..runtime.sizes import PromptRefused
+from .text import Stream, chat_ids, check_vocabulary, encode, utf8
+
+RESET = "/reset"
+
+
+class Conversation:
+    """What was said so far, and the token ids the package's cache holds."""
+
+    def __init__(self, tokenizer: Any, args: argparse.Namespace) -> None:
+        self.tokenizer, self.args = tokenizer, args
+        self.cached: list[int] = []
+        self.messages: list[dict[str, str]] = []
+        self.text = ""
+        self.reset()
+
+    def reset(self) -> None:
+        self.cached, self.text = [], ""
+        system = self.args.system
+        self.messages = [{"role": "system", "content": utf8(system)}] if system is not None else []
+
+    def prompt(self, line: str) -> list[int]:
+        """The conversation with `line` as the user's next turn, as token ids."""
+        if self.args.chat:
+            return chat_ids(self.tokenizer, [*self.messages, {"role": "user", "content": line}], self.args.output_dir)
+        return encode(self.tokenizer, f"{self.text}\n{line}" if self.text else line)
+
+    def said(self, line: str, ids: list[int], reply_ids: list[int], reply: str) -> None:
+        """The turn is over: the cache holds its prompt and every reply token
+        but the last (chosen, never decoded)."""
+        self.cached = ids + reply_ids[:-1]
+        if self.args.chat:
+            self.messages += [{"role": "user", "content": line}, {"role": "assistant", "content": reply}]
+        else:
+            self.text = f"{self.text}\n{line}{reply}" if self.text else f"{line}{reply}"
+
+    def shared(self, ids: list[int]) -> int:
+        """How many of the prompt's first tokens the cache holds already."""
+        count = 0
+        for held, given in zip(self.cached, ids, strict=False):
+            if held != given:
+                break
+            count += 1
+        return min(count, len(ids) - 1)  # the last one is decoded: its logits choose the first new token
+
+
+def converse(args: argparse.Namespace, model: Any, tokenizer: Any, run: Any, room: Any, **options: Any) -> int:
+    """The conversation's loop: `run` is `generate`, `room(model, prompt_length, asked)`
+    the new tokens that fit after a prompt (and why fewer), `options` the generation's."""
+    conversation = Conversation(tokenizer, args)
+    for line in _turns():
+        if line.strip() == RESET:
+            conversation.reset()
+            print("(the conversation starts over)", file=sys.stderr)
+            continue
+        if not line.strip():
+            continue
+        ids = conversation.prompt(line)
+        check_vocabulary(ids, model.manifest, "--interactive", line)
+        cached = conversation.shared(ids)
+        try:
+            new, full = room(model, len(ids), args.max_new_tokens, decoded=cached > 0)
+            prompt = _tensor(ids, model.device)
+            stream = Stream(tokenizer, tuple(args.stop))
+            result = run(model, prompt, new, cached=cached, timed=True, on_token=stream, stop=stream.is_stopped,
+                         **options)  # fmt: skip
+        except PromptRefused as refused:  # the conversation outgrew the package: say so, keep listening
+            print(f"the conversation no longer fits: {refused}; {RESET} starts over", file=sys.stderr)
+            continue
+        stream.end()
+        conversation.said(line, ids, [int(t) for t in result.tokens[0].tolist()], stream.text)
+        _report(len(ids), cached, result, full if result.stopped == "length" and new < args.max_new_tokens else None)
+    return 0
+
+
+def _turns() -> Any:
+    """Lines of standard input, a prompt on stderr before each where a person types them."""
+    typing = sys.stdin.isatty()
+    while True:
+        if typing:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        yield line.rstrip("\n")
+
+
+def _tensor(ids: list[int], device: Any) -> Any:
+    import torch
+
+    return torch.tensor([ids], dtype=torch.int64, device=device)
+
+
+def _report(length: int, cached: int, result: Any, full: str | None) -> None:
+    new = result.tokens.shape[1]
+    steps = max(new - 1, 1)
+    said = f"{cached} of them cached, {length - cached} decoded" if cached else "prefilled"
+    print(
+        f"[{length} prompt tokens, {said} in {1e3 * result.prefill_s:.1f} ms; {new} new, "
+        f"{1e3 * result.decode_s / steps:.2f} ms/token]",
+        file=sys.stderr,
+    )
+    if full is not None:
+        print(f"stopped at the cache's end: {full}", file=sys.stderr)
