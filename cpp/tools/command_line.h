@@ -33,6 +33,17 @@ inline long integer(const Tool& tool, const std::string& option, const std::stri
   return n;
 }
 
+// A number option's value, in [least, most] (finite: NaN is refused).
+inline double number(const Tool& tool, const std::string& option, const std::string& text, double least, double most,
+                     const std::string& expected) {
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(x >= least && x <= most)) {
+    usage_error(tool, option + " takes " + expected + ", not '" + text + "'");
+  }
+  return x;
+}
+
 struct PackageArgs {
   std::string dir, weights;
   std::optional<std::string> device;

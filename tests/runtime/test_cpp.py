@@ -486,6 +486,34 @@ def test_flashrt_generate_gives_the_eager_modules_greedy_tokens(
     assert proc.returncode == 2 and "give one of --prompt and --random-prompt" in proc.stderr
 
 
+def test_flashrt_generate_samples_as_python_does(
+    cpp_tools: dict[str, Path], lm_build: flashrt_build.BuildResult
+) -> None:
+    """--temperature, --top-k, --top-p and --seed: on the CPU, the tokens
+    Python's generate draws for that seed (the same operations on the same
+    generator); unseeded, each run its own, the seed said to repeat one."""
+    prompt = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4))
+    ids = ",".join(map(str, prompt[0].tolist()))
+    sampling = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+    flags = ["--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--tokens", "20", "--json"]
+    model = flashrt_build.load(lm_build.output_dir)
+    for seed in (7, 8):
+        proc = run(cpp_tools["generate"], lm_build.output_dir, "--prompt", ids, "--seed", str(seed), *flags)
+        assert proc.returncode == 0, proc.stderr
+        model.reset_state()
+        python = flashrt_build.generate(model, prompt, 20, seed=seed, **sampling).tokens[0].tolist()
+        assert json.loads(proc.stdout)["tokens"] == python and json.loads(proc.stdout)["seed"] == seed
+    greedy = flashrt_build.generate(model, prompt, 20).tokens[0].tolist()
+    assert python != greedy  # sampled, not the argmax
+    first, second = (json.loads(run(cpp_tools["generate"], lm_build.output_dir, "--prompt", ids, *flags).stdout)
+                     for _ in range(2))  # fmt: skip
+    assert first["tokens"] != second["tokens"]
+    again = run(cpp_tools["generate"], lm_build.output_dir, "--prompt", ids, "--seed", str(first["seed"]), *flags)
+    assert json.loads(again.stdout)["tokens"] == first["tokens"]
+    proc = run(cpp_tools["generate"], lm_build.output_dir, "--prompt", ids, "--tokens", "2", "--top-p", "nan")
+    assert proc.returncode == 2 and "--top-p takes a number in (0, 1], not 'nan'" in proc.stderr
+
+
 def test_values_outside_an_inputs_declared_range_are_refused_not_run(
     cpp_tools: dict[str, Path], gpt2_external_build: flashrt_build.BuildResult, tmp_path: Path
 ) -> None:
