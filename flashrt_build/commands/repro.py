@@ -84,12 +84,35 @@ def untrusted(config: dict[str, Any]) -> list[str]:
             f"{config.get('python_path')}: not used (code the manifest chooses); --trust uses them"
         )
     config["allowed_targets"], config["python_path"] = [], []
+    for node in (config.get("inductor"), (config.get("quant") or {}).get("inductor")):
+        for options in [(node or {}).get("options") or {}, *((node or {}).get("methods") or {}).values()]:
+            said += _set_aside_code_options(options)
     toolchain = config.setdefault("toolchain", {})
     if toolchain.get("cxx"):
         said.append(
             f"the release's toolchain.cxx={toolchain['cxx']} is not used (the environment's is): --trust uses it"
         )
         toolchain["cxx"] = None
+    return said
+
+
+def _set_aside_code_options(options: Any) -> list[str]:
+    """Remove from one set of Inductor options (nested or dotted) those
+    that name code (targets.CODE_OPTIONS), each said."""
+    from ..config.compiler import flatten_options
+    from ..config.targets import CODE_OPTIONS
+
+    if not isinstance(options, dict):
+        return []
+    said = []
+    for name in sorted(set(flatten_options(options)) & CODE_OPTIONS):
+        holder, key = options, name
+        if name not in options:  # nested: {cuda: {cutlass_dir: ...}}
+            *path, key = name.split(".")
+            for part in path:
+                holder = holder[part]
+        value = holder.pop(key)
+        said.append(f"the release's Inductor option {name}={value} is not used (it names code): --trust uses it")
     return said
 
 

@@ -30,6 +30,10 @@ class CompilerSpec:
 def resolve_compiler(config: Mapping[str, Any], methods: list[MethodSpec], problems: Problems) -> CompilerSpec:
     """The `toolchain`, `quant` and `inductor` groups, every problem added to `problems`."""
     cxx = config["toolchain"]["cxx"]
+    for where, options in inductor_option_sets(config):
+        if "cpp.cxx" in options:  # one place chooses the compiler: checked, keyed as the toolchain, allow-listed
+            why = "the C++ compiler is chosen by toolchain.cxx (checked, keyed as the toolchain): set toolchain.cxx=..."
+            problems.append(ConfigError(f"{where}.cpp.cxx", options["cpp.cxx"], why))
     before = len(problems)
     problems.check(check_compiler, cxx)
     found = len(problems) == before  # a compiler to ask about -march
@@ -66,6 +70,22 @@ def profile_options(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("release"):
         options["aot_inductor.enable_line_tables"] = False
     return options
+
+
+def inductor_option_sets(config: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every set of Inductor options a config gives, flattened, by its key:
+    the `inductor` group's and a quant recipe's, each for all methods and per method."""
+    found = []
+    for group, node in (
+        ("quant.inductor", (config.get("quant") or {}).get("inductor")),
+        ("inductor", config.get("inductor")),
+    ):
+        node = node or {}
+        found.append((f"{group}.options", flatten_options(node.get("options") or {})))
+        for method, options in (node.get("methods") or {}).items():
+            if isinstance(options, Mapping):
+                found.append((f"{group}.methods.{method}", flatten_options(options)))
+    return found
 
 
 def flatten_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -182,13 +182,35 @@ def check_allow_list_source(composed: Any, overrides: Sequence[str]) -> None:
 CODE_KEYS: dict[str, Any] = {"python_path": [], "toolchain.cxx": None}
 
 
+# Inductor options that name code Inductor runs or links (a compiler, a
+# library, a source tree of kernels): `cpp.cxx` is refused everywhere
+# (toolchain.cxx chooses the compiler); these, under an allow-list, only from
+# the command line.
+CODE_OPTIONS = frozenset(
+    {"cuda.cuda_cxx", "cutlass.cutlass_dir", "cuda.cutlass_dir", "xpu.cutlass_dir", "rocm.ck_dir", "rocm.rocm_home",
+     "aot_inductor.aoti_shim_library_path"}
+)  # fmt: skip
+
+
 def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) -> None:
-    """Under an allow-list (release=true, allowed_targets), `python_path` and
-    `toolchain.cxx` from a config file would run code the list never judges
-    (a package of the user's shadowing a shipped one, a compiler that is a
-    script): refused unless the command line sets them."""
+    """Under an allow-list (release=true, allowed_targets), `python_path`,
+    `toolchain.cxx` and the Inductor options that name code (CODE_OPTIONS)
+    from a config file would run code the list never judges (a package of
+    the user's shadowing a shipped one, a compiler that is a script):
+    refused unless the command line sets them."""
+    from .compiler import inductor_option_sets
+
     if not allowed_targets(config):
         return
+    for where, options in inductor_option_sets(config):
+        for name in sorted(CODE_OPTIONS & set(options)):
+            if options[name] is not None and not any(name in o for o in overrides):
+                raise ConfigError(
+                    f"{where}.{name}",
+                    options[name],
+                    "set by a config file under an allow-list (release=true or allowed_targets): it names code "
+                    "Inductor runs, which the list does not judge; set it on the command line if you mean it",
+                )
     for key, default in CODE_KEYS.items():
         value: Any = config
         for part in key.split("."):

@@ -134,3 +134,31 @@ def test_repro_runs_no_code_a_forged_manifest_names_unless_trusted(
     assert "allowed_targets=['zipfile.*']" in done.stderr and "not used" in done.stderr and "--trust" in done.stderr
     assert "toolchain.cxx" in done.stderr and "zipfile.ZipFile" in done.stderr  # refused by the release's own list
     assert victim.read_text() == "mine" and not marker.exists()
+
+
+def test_a_forged_manifests_inductor_options_run_no_compiler_and_name_no_code(
+    release_builds: dict[str, Path], tmp_path: Path
+) -> None:
+    """The compiler is chosen by toolchain.cxx alone: `cpp.cxx` in any set of
+    Inductor options (the group's, a recipe's, a method's) is refused before
+    any work; an option naming other code (a CUTLASS tree) is set aside by
+    repro and said."""
+    from flashrt_build.runtime.hashing import config_sha256
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "cxx.sh"
+    script.write_text(f'#!/bin/sh\ntouch {marker}\nexec g++ "$@"\n')
+    script.chmod(0o755)
+    for where, says in (("inductor", "'inductor.options.cpp.cxx'"), ("quant", "'quant.inductor.options.cpp.cxx'")):
+        forged = tmp_path / f"forged_{where}"
+        shutil.copytree(release_builds["mlp"], forged)
+        manifest = json.loads((forged / "manifest.json").read_text())
+        node = manifest["config"]["inductor"] if where == "inductor" else manifest["config"]["quant"]["inductor"]
+        node["options"] = {"cpp.cxx": str(script), "cuda.cutlass_dir": str(tmp_path)}
+        manifest["config_sha256"] = config_sha256(manifest["config"])
+        (forged / "manifest.json").chmod(0o644)
+        (forged / "manifest.json").write_text(json.dumps(manifest))
+        done = repro(forged)
+        assert done.returncode == 2 and says in done.stderr and "chosen by toolchain.cxx" in done.stderr, done.stderr
+        assert "Inductor option cuda.cutlass_dir" in done.stderr and "not used (it names code)" in done.stderr
+    assert not marker.exists()

@@ -231,3 +231,16 @@ def test_a_command_word_out_of_place_is_said_to_go_first(tmp_path: Path) -> None
     assert done.returncode == 2 and "'generate' is a command: it goes first (flashrt-build generate ...)" in done.stderr
     done = flashrt("doctor", "--config-dir", "cfgs", "+module=m2")
     assert done.returncode == 2 and "'--config-dir' is not an option of doctor" in done.stderr
+
+
+def test_inductor_options_cannot_choose_the_compiler_nor_under_release_name_code(tmp_path: Path) -> None:
+    (tmp_path / "inductor").mkdir()
+    (tmp_path / "inductor" / "fast.yaml").write_text("name: fast\noptions: {cpp.cxx: /tmp/evil.sh}\n")
+    (tmp_path / "inductor" / "cutlass.yaml").write_text(f"name: cutlass\noptions: {{cuda.cutlass_dir: {tmp_path}}}\n")
+    with pytest.raises(ConfigError, match=r"'inductor.options.cpp.cxx' = '/tmp/evil.sh': the C\+\+ compiler is chosen"):
+        make_plan(compose(["+module=mlp", "inductor=fast"], config_dir=tmp_path))
+    with pytest.raises(ConfigError, match=r"'inductor.methods.forward.cpp.cxx' = 'g\+\+': the C\+\+ compiler"):
+        make_plan(compose(["+module=mlp", "+inductor.methods.forward={cpp.cxx: g++}"]))
+    with pytest.raises(ConfigError, match=r"'inductor.options.cuda.cutlass_dir' = .*set by a config file under an"):
+        compose(["+module=mlp", "inductor=cutlass", "release=true"], config_dir=tmp_path)
+    compose(["+module=mlp", "inductor=cutlass"], config_dir=tmp_path)  # no allow-list: the user's own config
