@@ -33,6 +33,7 @@ CUDA target). Writes bench/results/<out-name>.json and .md.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import statistics
@@ -99,10 +100,15 @@ def build_bench_tool(target: str = "flashrt-bench") -> Path:
             f"-DOPENSSL_INCLUDE_DIR={DEPS / 'openssl' / 'include'}",
             f"-DOPENSSL_CRYPTO_LIBRARY={libcrypto()}",
         ]
-    for command in (configure, ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", target]):
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode:
-            sys.exit(f"{' '.join(command)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    BUILD.parent.mkdir(parents=True, exist_ok=True)
+    # One configure of the build folder at a time: two test processes' CMake
+    # runs each removed the other's compiler-probe folders (seen on a GPU host).
+    with open(BUILD.parent / "cpp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for command in (configure, ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", target]):
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode:
+                sys.exit(f"{' '.join(command)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
     return BUILD / target
 
 

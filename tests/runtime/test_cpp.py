@@ -4,6 +4,7 @@ subprocesses, its outputs compared with `flashrt_build.load` on the same inputs.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -37,17 +38,20 @@ def cpp_tools() -> dict[str, Path]:
     against this interpreter's torch (incremental: build/cpp is kept)."""
     if shutil.which("cmake") is None:
         pytest.fail("cmake is not on PATH: the C++ library's tests need CMake 3.18+ and OpenSSL's headers")
-    configure = run(
-        "cmake", "-S", REPO / "cpp", "-B", BUILD,
-        f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-        f"-DPython3_EXECUTABLE={sys.executable}",
-        "-DCMAKE_BUILD_TYPE=Release", "-DFLASHRT_BUILD_TESTS=ON",
-    )  # fmt: skip
-    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
-    jobs = str(min(os.cpu_count() or 1, 4))
-    targets = ("flashrt-run", "flashrt-generate", "flashrt-api-probe", "flashrt_test_ops")
-    build = run("cmake", "--build", BUILD, "-j", jobs, "--target", *targets, timeout=900)
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    BUILD.parent.mkdir(parents=True, exist_ok=True)
+    with open(BUILD.parent / "cpp.lock", "w") as lock:  # bench/cpp_runner.py configures the same folder
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        configure = run(
+            "cmake", "-S", REPO / "cpp", "-B", BUILD,
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            "-DCMAKE_BUILD_TYPE=Release", "-DFLASHRT_BUILD_TESTS=ON",
+        )  # fmt: skip
+        assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+        jobs = str(min(os.cpu_count() or 1, 4))
+        targets = ("flashrt-run", "flashrt-generate", "flashrt-api-probe", "flashrt_test_ops")
+        build = run("cmake", "--build", BUILD, "-j", jobs, "--target", *targets, timeout=900)
+        assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     return {
         "run": BUILD / "flashrt-run",
         "generate": BUILD / "flashrt-generate",
