@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from ..artifact import STAGING_PREFIX, foreign_entries
 from ..config.paths import check_writable
@@ -31,21 +32,48 @@ log = logging.getLogger(__name__)
 @contextlib.contextmanager
 def build_lock(output_dir: Path) -> Iterator[None]:
     """Serialise builds of one output directory across processes; builds of
-    other directories run side by side. The lock dies with its process."""
-    parent = writable_parent(output_dir)
-    lock_path = parent / f".{output_dir.name}.lock"
-    with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another build of %s to finish (%s)", output_dir, lock_path)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    other directories run side by side. The lock dies with its process, and
+    its file goes with it: a build leaves nothing beside its output (inside
+    a model's directory, say) but the output itself."""
+    created = not output_dir.parent.exists()
+    lock_path = writable_parent(output_dir) / f".{output_dir.name}.lock"
+    lock = _locked(lock_path, output_dir)
+    try:
         # Staging directories of this output dir are ours to remove: the lock
         # is held, so whatever left them was killed.
         for stale in output_dir.parent.glob(f"{_staging_prefix(output_dir)}*"):
             log.info("removing %s, left by an interrupted build", stale)
             shutil.rmtree(stale, ignore_errors=True)
         yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock_path.unlink()  # while held: a waiter on this file sees it gone and takes the next one
+        lock.close()
+        if created:  # a failed first build leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                output_dir.parent.rmdir()
+
+
+def _locked(lock_path: Path, output_dir: Path) -> IO[str]:
+    """`lock_path` opened and locked, the file the path names when the lock
+    was taken (its holder removes it on release; a waiter then tries anew)."""
+    while True:
+        try:
+            lock = open(lock_path, "a")  # noqa: SIM115 - held past this function, closed by build_lock
+        except FileNotFoundError:  # a failed build of a sibling removed the folder it had made: make it again
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another build of %s to finish (%s)", output_dir, lock_path)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if os.stat(lock_path).st_ino == os.fstat(lock.fileno()).st_ino:
+                return lock
+        except FileNotFoundError:
+            pass
+        lock.close()
 
 
 def writable_parent(output_dir: Path) -> Path:

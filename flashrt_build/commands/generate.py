@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..config.paths import check_temp_dir
 from ..errors import (
     FlashrtError,
     Interrupted,
@@ -133,6 +134,7 @@ def _generate(args: argparse.Namespace, stream: Stream) -> int:
     _check_methods(args.output_dir, manifest)
     check_serving_dir(args.output_dir, manifest)
     tokenizer, ids = prompt_ids(args, manifest)
+    check_temp_dir()  # a package unpacks its libraries there: a TMPDIR that cannot hold them, named
     torch, load, generate = _runtime()
     device = _device(args.device, manifest)
     model = load(args.output_dir, weights=args.weights, device=device, threads=_threads(args.threads, device))

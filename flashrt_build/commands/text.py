@@ -20,6 +20,7 @@ from ..runtime.tokenizer import served_tokenizer
 
 MAX_SEED = 2**63  # --seed is from 0 to this, less one (torch's generator takes an int64)
 TOKEN_ID = re.compile(r"[+-]?[0-9]+")
+MAX_PROMPT_BYTES = 64 << 20  # more text than the longest prompt a package takes
 
 
 class StdoutError(FlashrtError):
@@ -76,9 +77,16 @@ def utf8(text: str) -> str:
 def _read_prompt(path: Path) -> str:
     """--prompt-file's text: a file's, or standard input's for `-`."""
     try:
-        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+        if str(path) == "-":
+            raw = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+        else:
+            with path.open("rb") as file:
+                raw = file.read(MAX_PROMPT_BYTES + 1)
     except OSError as exc:
         raise argument("--prompt-file", str(path), f"cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_PROMPT_BYTES:  # /dev/zero: read in a bounded piece, not until memory runs out
+        raise argument("--prompt-file", str(path), f"holds more than {MAX_PROMPT_BYTES >> 20} MiB, more text than "
+                       "any package's prompt takes")  # fmt: skip
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -30,15 +30,32 @@ __all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error", "hydra
 def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictConfig:
     """Merge any config-like value over the schema, so API callers get the
     same validation as the CLI."""
+    if not isinstance(cfg, (Mapping, DictConfig, BuildConfig)):
+        raise TypeError(
+            f"cfg: expected a composed config (flashrt_build.compose([...])), a mapping of its keys or a module "
+            f"object, got {type(cfg).__name__} {cfg!r}"
+            + (f"; compose([{cfg!r}]) composes it" if isinstance(cfg, str) else "")
+        )
     if isinstance(cfg, Mapping) and not isinstance(cfg, DictConfig):
         raise_all(unknown_keys(cfg))  # before the merge, whose message names no close key
     schema = OmegaConf.structured(BuildConfig)
     try:
         merged = OmegaConf.merge(schema, cfg)
     except Exception as exc:
-        raise ConfigError(getattr(exc, "full_key", "config"), "?", str(exc).splitlines()[0]) from None
+        key = str(getattr(exc, "full_key", None) or "config")
+        raise ConfigError(key, _given(cfg, key), str(exc).splitlines()[0]) from None
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _given(cfg: Any, key: str) -> Any:
+    """The value a config-like `cfg` gives dotted `key`, or '?'."""
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, (Mapping, DictConfig)) or part not in node:
+            return "?"
+        node = node[part]
+    return node
 
 
 # Where a `--config-dir` goes in Hydra's search path: before the shipped

@@ -83,9 +83,9 @@ def ours(path: Path, is_dir: bool) -> bool:
 
 
 def directory_files(key: str, value: str, root: Path, skip: Path | None = None) -> list[Path]:
-    """Every regular file under `root`, in name order, links followed (a hub
-    cache's files are links), except under `skip`; a link back to a directory
-    it is in (a loop) is refused, never walked round."""
+    """Every regular file under `root`, in name order, file links followed (a
+    hub cache's files are links), except under `skip`; a link to a directory
+    outside it, or back to one it is in (a loop), is refused, never walked."""
     files: list[Path] = []
 
     def visit(folder: Path, above: frozenset[Path]) -> None:
@@ -106,6 +106,13 @@ def directory_files(key: str, value: str, root: Path, skip: Path | None = None) 
                 continue
             if is_dir:
                 real = path.resolve()
+                if entry.is_symlink() and not real.is_relative_to(top):  # a file link may leave (a hub cache's do)
+                    raise ConfigError(
+                        key,
+                        value,
+                        f"holds {path.relative_to(root)}, a link to {real}, a directory outside it: its files are "
+                        "not the model's; copy what the model needs into its directory",
+                    )
                 if real in above:
                     raise ConfigError(
                         key,
@@ -125,7 +132,8 @@ def directory_files(key: str, value: str, root: Path, skip: Path | None = None) 
                         "the build key; name the model's own directory",
                     )
 
-    visit(root, frozenset({root.resolve()}))
+    top = root.resolve()
+    visit(root, frozenset({top}))
     return files
 
 
@@ -144,6 +152,12 @@ def served_files(key: str, given: list[str], cwd: Path) -> list[InputFile]:
             raise ConfigError(f"{key}.{i}", value, f"its name {path.name!r} is taken in the output directory")
         if path.name in JSON_SERVING_FILES:
             _check_json(f"{key}.{i}", value, path)
+        if path.name == "chat_template.jinja":
+            try:
+                path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{key}.{i}", value, f"chat_template.jinja is not UTF-8 text (byte {exc.start}): "
+                                  "generate --chat renders it as text") from None  # fmt: skip
         found.append(InputFile(key, path.name, path, "weights"))
     return found
 
@@ -170,12 +184,30 @@ def _check_json(key: str, value: str, path: Path) -> None:
                 eos_token_ids(data["eos_token_id"], "its eos_token_id", then=", the tokens generate stops at")
             except ValueError as exc:
                 raise ConfigError(key, value, str(exc)) from None
+    if path.name == "tokenizer.json":
+        _check_tokenizer(key, value, path)
     code = tokenizer_code(path) if path.name == "tokenizer_config.json" else None
     if code is not None:
         raise ConfigError(
             key, value, f"its auto_map names tokenizer code of its own ({code}): the served tokenizer would need "
             "its directory's code, which is never run; serve a model whose tokenizer transformers ships"
         )  # fmt: skip
+
+
+def _check_tokenizer(key: str, value: str, path: Path) -> None:
+    """A tokenizer.json the `tokenizers` library (what serves it) cannot
+    read is no tokenizer, whatever JSON it holds."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # the build does not need it: serving will say so
+        return
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the library's own refusal, named
+        said = " ".join(str(exc).split())[:200]
+        raise ConfigError(
+            key, value, f"tokenizer.json is not a tokenizer the tokenizers library reads ({said})"
+        ) from None
 
 
 def _not_json(constant: str) -> None:

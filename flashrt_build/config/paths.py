@@ -115,6 +115,7 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
             f"holds {SCHEMA_NAME}.yaml, which would replace the tool's typed schema (a config dir's files win over "
             "the shipped ones of the same name): rename it",
         )
+    import yaml
     from omegaconf import OmegaConf
 
     for file in sorted(Path(path).rglob("*.yaml")):
@@ -122,9 +123,12 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
             raise ConfigError(key, str(path), f"{file} is not a regular file, so not a config")
         try:
             OmegaConf.load(file)
+            top = yaml.safe_load(file.read_bytes())
         except Exception as exc:
             why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
             raise ConfigError(key, str(path), f"{file} is not valid YAML: {why}") from None
+        if top is not None and not isinstance(top, dict):  # OmegaConf would read a text as a key named by all of it
+            raise ConfigError(key, str(path), f"{file} holds a {type(top).__name__}, not a mapping of config keys")
 
 
 def check_temp_dir() -> None:

@@ -229,9 +229,21 @@ def config_differences(manifest: Mapping[str, Any], directory: Path) -> list[str
         return [f"config.json does not parse ({exc})"]
     if not isinstance(given, dict):
         return ["config.json is not a JSON object"]
+    built, given = _with_defaults(built), _with_defaults(given)
     keys = sorted((set(built) | set(given)) - PROVENANCE_KEYS)
     return [f"{key}: {given.get(key)!r} (the package was built with {built.get(key)!r})" for key in keys
             if given.get(key) != built.get(key)]  # fmt: skip
+
+
+def _with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A config.json's keys with transformers' defaults for those it leaves
+    out (a key omitted is its default), where transformers is installed."""
+    try:
+        from transformers import AutoConfig
+
+        return dict(AutoConfig.for_model(**config).to_dict())
+    except Exception:  # noqa: BLE001 - no transformers, or a model type it does not know: the keys as written
+        return config
 
 
 def _unpickling_refused(exc: BaseException) -> bool:

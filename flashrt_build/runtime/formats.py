@@ -155,6 +155,8 @@ def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
         return Checkpoint(path, (path,), _file_format(key, value, path))
     for name, fmt in _layouts(key, value, path):
         found = path / name
+        if found.exists() and not found.is_file():  # a FIFO never answers: named, never opened
+            raise ConfigError(key, value, f"holds {name}, which is {_special(found)}, not a regular file")
         if found.is_file():
             if not name.endswith(".index.json"):
                 return Checkpoint(path, (found,), _expect(key, value, found, fmt))
@@ -172,6 +174,8 @@ def resolve_checkpoint(key: str, value: str, path: Path) -> Checkpoint:
 def _layouts(key: str, value: str, directory: Path) -> tuple[tuple[str, str], ...]:
     """Where to look for a directory's weights: the file its config.json names
     (`transformers_weights`, which transformers reads first), else HF_LAYOUTS."""
+    if not (directory / "config.json").is_file():  # none, or a FIFO that would block the read
+        return HF_LAYOUTS
     try:
         named = json.loads((directory / "config.json").read_text()).get("transformers_weights")
     except (OSError, ValueError, AttributeError):
@@ -193,8 +197,11 @@ def check_pretrained_dir(key: str, value: str, path: Path) -> None:
         raise ConfigError(key, value, f"no such directory ({path})")
     if not path.is_dir():
         raise ConfigError(key, value, "is a file; give the save_pretrained directory (the folder holding config.json)")
-    if not (path / "config.json").is_file():
-        raise ConfigError(key, value, f"holds no config.json ({path / 'config.json'}): not a save_pretrained directory")
+    config = path / "config.json"
+    if config.exists() and not config.is_file():
+        raise ConfigError(key, value, f"holds config.json, which is {_special(config)}, not a regular file")
+    if not config.is_file():
+        raise ConfigError(key, value, f"holds no config.json ({config}): not a save_pretrained directory")
 
 
 def holds_checkpoint(path: Path) -> bool:
@@ -253,11 +260,12 @@ def _check_placement(key: str, value: str, directory: Path, index: str, weight_m
 def _special(path: Path) -> str:
     """What a path that is neither a regular file nor a directory is."""
     mode = path.stat().st_mode
-    for test, what in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    for test, what in kinds:
         if test(mode):
             return what
-    return "not a regular file"
+    return "something else"
 
 
 def _expect(key: str, value: str, file: Path, fmt: str, index: Path | None = None) -> str:

@@ -76,8 +76,15 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 64, **options: Any) 
         tokenizer = served_tokenizer(output_dir)
         encoded = tokenizer.encode(prompt)
         prompt = list(encoded.ids if hasattr(encoded, "ids") else encoded)
-    elif not (isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt)):
+    elif not isinstance(prompt, list):
         raise TypeError(f"prompt: expected text, a list of token ids or a tensor of them, got {type(prompt).__name__}")
+    else:
+        try:
+            prompt = token_ids(prompt) if prompt else None
+        except TypeError:
+            prompt = None
+        if prompt is None:
+            raise ValueError("prompt: expected at least one token id, each an integer from 0 to 2**63 - 1")
     options.setdefault("eos", eos_tokens(output_dir, tokenizer))
     ids = torch.tensor([prompt], dtype=torch.int64, device=model.device)
     new = generate_ids(model, ids, max_new_tokens, **options).tokens[0].tolist()
@@ -119,7 +126,7 @@ def generate_ids(
     holds already (a conversation's earlier turns): the rest are decoded one
     at a time from there instead of prefilled.
     """
-    _check_seed(seed)
+    _check_options(seed, on_token=on_token, stop=stop)
     _check_fits(model, prompt, max_new_tokens, (prefill, decode, position), cached)
     if temperature > 0 and seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
@@ -156,9 +163,14 @@ def _choosing(
     return penalised(choose, prompt, penalty) if penalty != 1.0 else choose
 
 
-def _check_seed(seed: Any) -> None:
-    """A seed torch's generator takes, refused naming `seed` (an int64 that
-    does not fit raised torch's own "Overflow when unpacking long long")."""
+def _check_options(seed: Any, **callbacks: Any) -> None:
+    """The callbacks (`on_token`, `stop`) are functions (the command line's
+    --stop takes text; these, functions); a seed is one torch's generator
+    takes, refused naming `seed` (an int64 that does not fit raised torch's
+    own "Overflow when unpacking long long")."""
+    for name, value in callbacks.items():
+        if value is not None and not callable(value):
+            raise TypeError(f"{name}: expected a function (or None), got {type(value).__name__} {value!r}")
     if seed is None:
         return
     try:
@@ -175,8 +187,8 @@ def _check_fits(
     """The prompt and the new tokens fit the package, before any call."""
     if prompt.dim() != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be [batch, length] token ids, got shape {list(prompt.shape)}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if isinstance(cached, bool) or not isinstance(cached, int) or not 0 <= cached < prompt.shape[1]:
         raise ValueError(f"cached = {cached!r}: expected 0 <= cached < the prompt's {prompt.shape[1]} tokens")
     prefill, decode, position = names

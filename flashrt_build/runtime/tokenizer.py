@@ -113,7 +113,7 @@ def eos_token_ids(found: Any, where: str, error: Any = ValueError, then: str = "
             return token_ids(found)
     except TypeError:
         pass
-    raise error(f"{where} = {found!r}: expected a token id or a list of token ids (integers){then}")
+    raise error(f"{where} = {found!r}: expected a token id or a list of token ids (integers from 0 to 2**63 - 1){then}")
 
 
 def token_ids(given: Any) -> list[int]:
@@ -122,4 +122,7 @@ def token_ids(given: Any) -> list[int]:
     items = [given] if isinstance(given, int) else given
     if isinstance(items, (str, bytes)) or any(isinstance(i, (bool, str, bytes)) for i in items):
         raise TypeError(f"not token ids: {given!r}")
-    return [operator.index(i) for i in items]
+    ids = [operator.index(i) for i in items]
+    if any(not 0 <= i < 2**63 for i in ids):  # a token id is an int64 index, never negative
+        raise TypeError(f"not token ids: {given!r}")
+    return ids

@@ -85,13 +85,16 @@ def test_a_served_json_file_that_does_not_parse_fails_the_build(tmp_path: Path) 
         ("generation_config.json", '{"eos_token_id": "abc"}', "its eos_token_id = 'abc': expected a token id"),
         ("generation_config.json", "[1, 2]", "generation_config.json holds a list, not a JSON object"),
         ("tokenizer_config.json", '{"auto_map": {"AutoTokenizer": ["t.Tok", null]}}', "tokenizer code of its own"),
+        ("generation_config.json", '{"eos_token_id": 99999999999999999999999}', "(integers from 0 to 2**63 - 1)"),
+        ("tokenizer.json", '{"version": "1.0", "model": null}', "is not a tokenizer the tokenizers library reads"),
+        ("chat_template.jinja", b"<\xff\xfe>", "chat_template.jinja is not UTF-8 text (byte 1)"),
     ],
 )
 def test_a_served_file_generate_would_fail_on_is_refused_at_the_build(
-    name: str, content: str, says: str, tmp_path: Path
+    name: str, content: str | bytes, says: str, tmp_path: Path
 ) -> None:
     served = tmp_path / name
-    served.write_text(content)
+    served.write_bytes(content if isinstance(content, bytes) else content.encode())
     done = cli("+module=mlp", f"+module.files=[{served}]", f"output_root={tmp_path / 'out'}")
     assert done.returncode == 2, done.stderr
     assert "config key 'module.files.0'" in done.stderr and says in done.stderr and "Traceback" not in done.stderr
@@ -706,3 +709,31 @@ def test_a_seed_torch_cannot_take_is_refused_by_the_api_naming_seed() -> None:
     for seed in (2**64, 2**63, -1, 1.5, True):
         with pytest.raises(ValueError, match=rf"^seed = {re.escape(repr(seed))}: expected an integer with 0 <= seed"):
             flashrt_build.generate(object(), torch.ones(1, 3, dtype=torch.int64), 4, temperature=1.0, seed=seed)
+
+
+@pytest.mark.slow
+def test_a_prompt_file_without_end_and_a_tmpdir_that_is_none_are_named(llama_lm_build: LlamaBuild) -> None:
+    out = llama_lm_build[0].output_dir
+    endless = generate_cli(out, "--prompt-file", "/dev/zero", "--max-new-tokens", "2")
+    assert endless.returncode == 2 and "'--prompt-file' = '/dev/zero': holds more than 64 MiB" in one_line(endless)
+    no_tmp = generate_cli(out, "--prompt-ids", "1,2", env={"TMPDIR": "/nonexistent"})
+    assert no_tmp.returncode == 2
+    assert "environment variable 'TMPDIR' = '/nonexistent': no such directory" in no_tmp.stderr
+
+
+@pytest.mark.slow
+def test_the_apis_arguments_are_named_before_any_call(llama_lm_build: LlamaBuild) -> None:
+    model = flashrt_build.load(llama_lm_build[0].output_dir)
+    with pytest.raises(ValueError, match=r"prompt: expected at least one token id"):
+        flashrt_build.generate(model, [], 2)
+    with pytest.raises(ValueError, match=r"each an integer from 0 to 2\*\*63 - 1"):
+        flashrt_build.generate(model, [1, 2**70], 2)
+    with pytest.raises(TypeError, match=r"stop: expected a function \(or None\), got list"):
+        flashrt_build.generate(model, [1, 2], 2, stop=[""])
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an integer >= 1, got 2.5"):
+        flashrt_build.generate(model, [1, 2], 2.5)
+    assert all(bool(t.abs().sum() == 0) for t in model.state.values())  # refused before any call
+    with pytest.raises(TypeError, match=r"got str '\+module=mlp'; compose\(\['\+module=mlp'\]\) composes it"):
+        flashrt_build.build("+module=mlp")
+    with pytest.raises(flashrt_build.ConfigError, match=r"config key 'module' = 'mlp': Invalid type"):
+        flashrt_build.build({"module": "mlp"})

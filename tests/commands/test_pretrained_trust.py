@@ -289,6 +289,8 @@ def test_another_models_config_with_the_same_tensors_is_refused_at_load_and_chec
     config = json.loads((resaved / "config.json").read_text())
     (resaved / "config.json").write_text(json.dumps({**config, "transformers_version": "0.0.1"}))
     assert check_checkpoint(result.output_dir, resaved) == {}
+    (resaved / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "attention_dropout"}))
+    assert check_checkpoint(result.output_dir, resaved) == {}  # a key left out is its default: the built value
     assert flashrt_build.load(result.output_dir, weights=resaved) is not None
 
     other = copied(model_dir, tmp_path / "other")

@@ -244,3 +244,20 @@ def test_inductor_options_cannot_choose_the_compiler_nor_under_release_name_code
     with pytest.raises(ConfigError, match=r"'inductor.options.cuda.cutlass_dir' = .*set by a config file under an"):
         compose(["+module=mlp", "inductor=cutlass", "release=true"], config_dir=tmp_path)
     compose(["+module=mlp", "inductor=cutlass"], config_dir=tmp_path)  # no allow-list: the user's own config
+
+
+def test_a_config_file_that_is_no_mapping_and_a_fifo_for_config_json_are_named(tmp_path: Path) -> None:
+    from flashrt_build.runtime.formats import check_pretrained_dir, resolve_checkpoint
+
+    (tmp_path / "conf" / "module").mkdir(parents=True)
+    (tmp_path / "conf" / "module" / "p.yaml").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(ConfigError, match=r"p.yaml holds a str, not a mapping of config keys"):
+        compose(["+module=p"], config_dir=tmp_path / "conf")
+    model = tmp_path / "model"
+    model.mkdir()
+    os.mkfifo(model / "config.json")
+    with pytest.raises(ConfigError, match=r"holds config.json, which is a FIFO, not a regular file"):
+        check_pretrained_dir("module.pretrained", str(model), model)
+    os.mkfifo(model / "model.safetensors.index.json")
+    with pytest.raises(ConfigError, match=r"holds model.safetensors.index.json, which is a FIFO, not a regular file"):
+        resolve_checkpoint("module.pretrained", str(model), model)
