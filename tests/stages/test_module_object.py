@@ -41,9 +41,7 @@ def scaled() -> Scaled:
     return Scaled()
 
 
-@pytest.fixture(scope="module")
-def object_build(scaled: Scaled, tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
-    root = tmp_path_factory.mktemp("object")
+def build_scaled(scaled: Scaled, root: Path) -> flashrt_build.BuildResult:
     return flashrt_build.build(
         scaled,
         example_inputs=examples(),
@@ -54,11 +52,23 @@ def object_build(scaled: Scaled, tmp_path_factory: pytest.TempPathFactory) -> fl
     )
 
 
+@pytest.fixture(scope="module")
+def before(scaled: Scaled) -> dict[str, torch.Tensor]:
+    """The object's tensors before any build of it."""
+    return {name: tensor.clone() for name, tensor in scaled.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def object_build(
+    scaled: Scaled, before: dict[str, torch.Tensor], tmp_path_factory: pytest.TempPathFactory
+) -> flashrt_build.BuildResult:
+    return build_scaled(scaled, tmp_path_factory.mktemp("object"))
+
+
 @pytest.mark.slow
 def test_a_module_object_builds_a_verified_package_and_is_left_as_it_was(
-    scaled: Scaled, object_build: flashrt_build.BuildResult
+    scaled: Scaled, before: dict[str, torch.Tensor], object_build: flashrt_build.BuildResult
 ) -> None:
-    before = {name: tensor.clone() for name, tensor in scaled.state_dict().items()}
     manifest = object_build.manifest
     assert object_build.status == "built" and manifest["verification"]["passed"] is True
     assert object_build.output_dir.name == "cpu-external-default" and object_build.output_dir.parent.name == "scaled"
@@ -85,14 +95,7 @@ def test_a_module_object_builds_a_verified_package_and_is_left_as_it_was(
 def test_an_unchanged_object_is_up_to_date_and_a_changed_one_is_not(
     scaled: Scaled, object_build: flashrt_build.BuildResult
 ) -> None:
-    again = flashrt_build.build(
-        scaled,
-        example_inputs=examples(),
-        dynamic_shapes={"ids": {1: SEQ}, "scale": {1: SEQ}},
-        input_ranges={"ids": (0, 50)},
-        weights="external",
-        overrides=[f"output_root={object_build.output_dir.parents[1]}"],
-    )
+    again = build_scaled(scaled, object_build.output_dir.parents[1])
     assert again.status == "up_to_date" and again.output_dir == object_build.output_dir
     changed = Scaled()
     changed.load_state_dict(scaled.state_dict())
