@@ -26,8 +26,8 @@ from flashrt_build.config.spec import resolve_spec
                                              "module.checkpoint?"),
         (["verify.repet=2"], None, "config key 'verify.repet' = '2': not a config key; did you mean verify.repeat?"),
         ([], "inputs: {x: {shape: [4, 16], dynamc: {0: {min: 1, max: 8}}}}",
-         "'module.inputs.x.dynamc' = '?': not a config key; did you mean module.inputs.x.dynamic? "
-         "(in module/mlp2.yaml)"),
+         "'module.inputs.x.dynamc.0' = {'min': 1, 'max': 8}: not a config key; did you mean "
+         "module.inputs.x.dynamic.0? (in module/mlp2.yaml)"),  # the value as the file gives it
     ],
     ids=["group-key", "module-key", "nested-key", "yaml-key"],
 )  # fmt: skip

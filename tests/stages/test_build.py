@@ -33,10 +33,11 @@ def test_build_result_points_at_a_complete_artifact(mlp_build: flashrt_build.Bui
     assert mlp_build.status == "built"
     on_disk = json.loads((mlp_build.output_dir / "manifest.json").read_text())
     assert on_disk["build_key"] == mlp_build.manifest["build_key"]
-    # nothing left behind next to the output dir (staging is removed), but the
-    # build lock; other tests share this output root (and its store)
+    # nothing left behind next to the output dir (staging and the build lock are
+    # removed); other tests share this output root (and its store)
     siblings = {p.name for p in mlp_build.output_dir.parent.iterdir()}
-    assert {f".{mlp_build.output_dir.name}.lock", ".store", mlp_build.output_dir.name} <= siblings
+    assert {".store", mlp_build.output_dir.name} <= siblings
+    assert not any(name.startswith((".staging-", f".{mlp_build.output_dir.name}.lock")) for name in siblings)
     assert not [name for name in siblings if name.startswith(STAGING_PREFIX)]
 
 
