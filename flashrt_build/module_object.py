@@ -67,9 +67,8 @@ def build_module(
         raise TypeError(f"model: expected an nn.Module, got {type(module).__name__}")
     inputs = module_inputs(module, example_inputs, dynamic_shapes, input_ranges)
     label = name if name is not None else _name_of(module)
+    dtype = dtype or _floating_dtype(module)
     chosen = [f"weights={weights}", f"target={target}", *([f"target.dtype={dtype}"] if dtype else [])]
-    if dtype is None and (floating := _floating_dtype(module)) is not None:
-        chosen.append(f"target.dtype={floating}")
     cfg = compose([*chosen, *overrides], config_dir=config_dir)
     if cfg.get("release"):
         raise ConfigError(

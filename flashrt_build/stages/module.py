@@ -25,7 +25,7 @@ from ..runtime.hashing import file_sha256
 from .checkpoint import load_checkpoint
 from .inputs import torch_dtype
 from .objects import GIVEN, object_record
-from .preflight import locate_target, real_name
+from .preflight import locate_target, real_name, source_file
 from .progress import Stage
 
 log = logging.getLogger(__name__)
@@ -114,10 +114,7 @@ def provenance(spec: BuildSpec, digests: Mapping[str, str]) -> dict[str, Any]:
     """The target's dotted path, what it really is, its source file digest and
     distribution; the checkpoint it was loaded from, file by file."""
     obj = locate_target(spec.target)
-    try:
-        source = inspect.getsourcefile(obj)
-    except TypeError:
-        source = None
+    source = source_file(obj)
     found = distribution_of(spec.target.split(".")[0])
     checkpoint = None
     if spec.checkpoint is not None:

@@ -8,7 +8,6 @@ import contextlib
 import contextvars
 import copy
 import hashlib
-import inspect
 import pickle
 import uuid
 from collections.abc import Iterator, Mapping
@@ -20,6 +19,7 @@ import torch
 from ..errors import ConfigError
 from ..runtime.dtypes import dtype_name
 from ..runtime.hashing import file_sha256
+from .preflight import real_name, source_file
 from .weights import tensor_sha256
 
 GIVEN = "flashrt_build.stages.objects.given"
@@ -89,10 +89,7 @@ def class_sources(module: torch.nn.Module) -> list[str]:
     for cls in {c for sub in module.modules() for c in type(sub).__mro__}:
         if cls.__module__.split(".")[0] in ("torch", "builtins"):
             continue
-        try:
-            source = inspect.getsourcefile(cls)
-        except TypeError:
-            continue
+        source = source_file(cls)
         if source and Path(source).is_file():
             files.add(source)
     return sorted(files)
@@ -104,13 +101,9 @@ def object_record(digest: str) -> dict[str, Any] | None:
     found = _objects.get({}).get(digest)
     if found is None:
         return None
-    cls = type(found)
-    try:
-        source = inspect.getsourcefile(cls)
-    except TypeError:
-        source = None
+    source = source_file(type(found))
     return {
-        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "class": real_name(type(found)),
         "source_file": source,
         "source_sha256": file_sha256(Path(source)) if source else None,
         "sha256": None if digest.startswith("unkeyed-") else digest,

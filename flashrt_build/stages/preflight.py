@@ -9,6 +9,7 @@ config's own checks (flashrt_build/config/) do; checks of the module itself
 from __future__ import annotations
 
 import difflib
+import inspect
 import pkgutil
 import sys
 from collections.abc import Mapping
@@ -105,6 +106,14 @@ def real_name(obj: Any) -> str | None:
     function = getattr(obj, "__func__", obj)
     module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", None)
     return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else None
+
+
+def source_file(obj: Any) -> str | None:
+    """The file an object's code is in, or None where it has none (a builtin)."""
+    try:
+        return inspect.getsourcefile(obj)
+    except TypeError:
+        return None
 
 
 def check_targets(spec: BuildSpec) -> None:
