@@ -9,6 +9,7 @@ ended. `/reset` starts over; end of input (Ctrl-D) ends the conversation."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -23,13 +24,11 @@ class Conversation:
 
     def __init__(self, tokenizer: Any, args: argparse.Namespace) -> None:
         self.tokenizer, self.args = tokenizer, args
-        self.cached: list[int] = []
-        self.messages: list[dict[str, str]] = []
-        self.text = ""
         self.reset()
 
     def reset(self) -> None:
-        self.cached, self.text = [], ""
+        self.cached: list[int] = []
+        self.text = ""
         system = self.args.system
         self.messages = [{"role": "system", "content": utf8(system)}] if system is not None else []
 
@@ -50,11 +49,7 @@ class Conversation:
 
     def shared(self, ids: list[int]) -> int:
         """How many of the prompt's first tokens the cache holds already."""
-        count = 0
-        for held, given in zip(self.cached, ids, strict=False):
-            if held != given:
-                break
-            count += 1
+        count = len(os.path.commonprefix([self.cached, ids]))  # a common prefix of any two sequences
         return min(count, len(ids) - 1)  # the last one is decoded: its logits choose the first new token
 
 

@@ -167,17 +167,13 @@ def _room(model: Any, prompt: int, asked: int, decoded: bool = False) -> tuple[i
     longer one (a prompt the package does not take is refused as ever;
     `decoded`, a conversation's turn decoded from the cache, is bounded by
     the cache alone)."""
-    import dataclasses
-
     from ..runtime.sizes import PromptRefused, built_sizes, check_request, model_positions
 
     sizes = built_sizes(model, "prefill", "decode", "position")
     if sizes is None:
         return asked, None
-    if decoded:
-        sizes = dataclasses.replace(sizes, max_prompt=max(sizes.max_prompt, prompt))
     try:
-        check_request(sizes, sizes.batch, prompt, asked, lambda: model_positions(model.manifest))
+        check_request(sizes, sizes.batch, prompt, asked, lambda: model_positions(model.manifest), prefilled=not decoded)
     except PromptRefused as full:
         if full.key != "module.max_cache_len" or sizes.max_cache_len <= prompt:
             raise

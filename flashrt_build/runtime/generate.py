@@ -5,7 +5,6 @@ example of use and the reference for `flashrt-generate` (C++)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 import os
@@ -193,11 +192,10 @@ def _check_fits(
         raise ValueError(f"cached = {cached!r}: expected 0 <= cached < the prompt's {prompt.shape[1]} tokens")
     prefill, decode, position = names
     sizes = built_sizes(model, prefill, decode, position)
-    if sizes is not None and cached:  # decoded, not prefilled: only the cache bounds it
-        sizes = dataclasses.replace(sizes, max_prompt=max(sizes.max_prompt, prompt.shape[1]))
     if sizes is not None:  # a causal_lm package: the keys a user sets, not the inputs they derive
         manifest = getattr(model, "manifest", None) or {}
-        check_request(sizes, prompt.shape[0], prompt.shape[1], max_new_tokens, lambda: model_positions(manifest))
+        check_request(sizes, prompt.shape[0], prompt.shape[1], max_new_tokens, lambda: model_positions(manifest),
+                      prefilled=not cached)  # fmt: skip
     _check_room(model, decode, position, prompt.shape[1] + max_new_tokens - 1)
 
 

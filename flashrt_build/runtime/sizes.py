@@ -5,6 +5,7 @@ model's own positions. No torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -59,12 +60,17 @@ def check_request(
     length: int,
     max_new_tokens: int,
     positions: Callable[[], int | None] = lambda: None,
+    prefilled: bool = True,
 ) -> None:
     """A `causal_lm` package's prompt and new tokens against what it was
     built for, refused naming `module.batch`, `module.max_prompt` or
     `module.max_cache_len` with the override that would build one that takes
     them; where that build would be refused (more positions than the model
-    has: `positions()`, read only to refuse), the most the model can take."""
+    has: `positions()`, read only to refuse), the most the model can take.
+    A prompt not `prefilled` (a conversation's turn decoded from the cache)
+    is bounded by the cache alone."""
+    if not prefilled:
+        sizes = dataclasses.replace(sizes, max_prompt=max(sizes.max_prompt, length))
     if batch != sizes.batch:
         raise PromptRefused(
             "module.batch",
