@@ -84,9 +84,10 @@ def untrusted(config: dict[str, Any]) -> list[str]:
             f"{config.get('python_path')}: not used (code the manifest chooses); --trust uses them"
         )
     config["allowed_targets"], config["python_path"] = [], []
-    for node in (config.get("inductor"), (config.get("quant") or {}).get("inductor")):
-        for options in [(node or {}).get("options") or {}, *((node or {}).get("methods") or {}).values()]:
-            said += _set_aside_code_options(options)
+    from ..config.compiler import inductor_option_nodes
+
+    for _, options in inductor_option_nodes(config):
+        said += _set_aside_code_options(options)
     toolchain = config.setdefault("toolchain", {})
     if toolchain.get("cxx"):
         said.append(
@@ -102,7 +103,7 @@ def _set_aside_code_options(options: Any) -> list[str]:
     from ..config.compiler import flatten_options
     from ..config.targets import CODE_OPTIONS
 
-    if not isinstance(options, dict):
+    if not isinstance(options, dict):  # a forged manifest's: the build's own check names it
         return []
     said = []
     for name in sorted(set(flatten_options(options)) & CODE_OPTIONS):

@@ -73,18 +73,24 @@ def profile_options(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def inductor_option_sets(config: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Every set of Inductor options a config gives, flattened, by its key:
-    the `inductor` group's and a quant recipe's, each for all methods and per method."""
-    found = []
+    """Every set of Inductor options a config gives, flattened, by its key."""
+    return [(where, flatten_options(options)) for where, options in inductor_option_nodes(config)]
+
+
+def inductor_option_nodes(config: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every set of Inductor options a config gives, as written (nested or
+    dotted), by its key: the `inductor` group's and a quant recipe's, each
+    for all methods and per method."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
     for group, node in (
         ("quant.inductor", (config.get("quant") or {}).get("inductor")),
         ("inductor", config.get("inductor")),
     ):
         node = node or {}
-        found.append((f"{group}.options", flatten_options(node.get("options") or {})))
+        found.append((f"{group}.options", node.get("options") or {}))
         for method, options in (node.get("methods") or {}).items():
             if isinstance(options, Mapping):
-                found.append((f"{group}.methods.{method}", flatten_options(options)))
+                found.append((f"{group}.methods.{method}", options))
     return found
 
 
