@@ -168,7 +168,7 @@ def _check_json(key: str, value: str, path: Path) -> None:
     are the values of theirs that serving would fail on (`generate`'s
     end-of-sequence tokens) or could not serve without running a directory's
     own code (a tokenizer_config.json's `auto_map`)."""
-    from ..runtime.tokenizer import eos_token_ids, tokenizer_code
+    from ..runtime.tokenizer import auto_map_of, eos_token_ids
 
     try:
         data = json.loads(path.read_bytes(), parse_constant=_not_json)
@@ -186,7 +186,7 @@ def _check_json(key: str, value: str, path: Path) -> None:
                 raise ConfigError(key, value, str(exc)) from None
     if path.name == "tokenizer.json":
         _check_tokenizer(key, value, path)
-    code = tokenizer_code(path) if path.name == "tokenizer_config.json" else None
+    code = auto_map_of(data) if path.name == "tokenizer_config.json" else None
     if code is not None:
         raise ConfigError(
             key, value, f"its auto_map names tokenizer code of its own ({code}): the served tokenizer would need "

@@ -61,9 +61,16 @@ def tokenizer_code(path: Path) -> str | None:
     """What a tokenizer_config.json's `auto_map` names (code of the
     directory's own, which transformers would have to run), else None."""
     try:
-        found = json.loads(path.read_bytes()).get("auto_map") if path.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        return None  # not JSON, or not an object: the tokenizer's own reading says so
+        data = json.loads(path.read_bytes()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None  # not JSON: the tokenizer's own reading says so
+    return auto_map_of(data)
+
+
+def auto_map_of(config: Any) -> str | None:
+    """A parsed tokenizer_config.json's `auto_map`, as JSON text, or None
+    where it names none (or the file holds no object)."""
+    found = config.get("auto_map") if isinstance(config, dict) else None
     return json.dumps(found) if found else None
 
 
