@@ -23,6 +23,7 @@ from pathlib import Path
 from ..runtime.hashing import file_sha256, hashing_threads
 
 DIGESTS = "digests.json"
+DIGESTS_STAGING = ".digests-"  # its next version, written beside it, then renamed over it
 _RACY_NS = 1_000_000_000  # a digest is trusted once the file is this much older than the hashing
 # Digests taken in this process, by path: the command line's up-to-date check
 # and the build it hands over to read each file once between them.
@@ -109,7 +110,7 @@ class DigestCache:
                 on_disk = {}
             merged = {**(on_disk if isinstance(on_disk, dict) else {}), **self._entries}
             merged = {path: entry for path, entry in merged.items() if Path(path).exists()}
-            fd, tmp = tempfile.mkstemp(prefix=".digests-", dir=self.path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=DIGESTS_STAGING, dir=self.path.parent)
             with os.fdopen(fd, "w") as f:
                 json.dump(merged, f, separators=(",", ":"))
             os.replace(tmp, self.path)

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..config.keys import value_at
 from ..config.schema import PASS_SWITCHES
 from ..config.spec import BuildSpec
 from ..config.targets import source_tree_sha256
@@ -137,7 +138,7 @@ def keyed_config(spec: BuildSpec, idle_passes: frozenset[str] = frozenset()) -> 
     passes as they applied: one that rewrote nothing (`idle_passes`, known once
     the build ran it) is the build without it, the same bytes and key."""
     # Any path the build reads is keyed by what it holds, not where it is (a model saved elsewhere).
-    read = {str(_at(spec.model, f.key.removeprefix("module.model."))) for f in spec.input_files
+    read = {str(value_at(spec.model, f.key.removeprefix("module.model."))) for f in spec.input_files
             if f.key.startswith("module.model.")}  # fmt: skip
     return {
         "module": {
@@ -174,12 +175,6 @@ def key_fields(toolchain: Mapping[str, Any]) -> dict[str, Any]:
     gpu = toolchain["gpu"]
     key["gpu"] = {k: gpu[k] for k in ("name", "capability")} if gpu else None
     return key
-
-
-def _at(node: Any, key: str) -> Any:
-    for part in key.split("."):
-        node = node[int(part)] if isinstance(node, list) else node.get(part)
-    return node
 
 
 def _content_keyed(node: Any, paths: set[str]) -> Any:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..artifact import MANIFEST, PACKAGE, STORE_DIR
 from ..runtime.hashing import file_sha256
-from .digests import DIGESTS
+from .digests import DIGESTS, DIGESTS_STAGING
 
 
 def link_or_copy(source: Path, dest: Path) -> None:
@@ -44,7 +44,6 @@ def read_only(path: Path) -> None:
 
 
 KINDS = ("packages", "methods", "artifacts")  # the store's folders of entries
-DIGESTS_STAGING = ".digests-"  # the digest cache's next version, written beside it (digests.py)
 
 
 class Store:

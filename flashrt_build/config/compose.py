@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import ConfigError
 from .hydra_errors import composition_error, null_group
-from .keys import unknown_keys
+from .keys import unknown_keys, value_at
 from .naming import group_overrides, variant_of
 from .paths import check_config_dir
 from .problems import raise_all
@@ -43,19 +43,9 @@ def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictCo
         merged = OmegaConf.merge(schema, cfg)
     except Exception as exc:
         key = str(getattr(exc, "full_key", None) or "config")
-        raise ConfigError(key, _given(cfg, key), str(exc).splitlines()[0]) from None
+        raise ConfigError(key, value_at(cfg, key, "?"), str(exc).splitlines()[0]) from None
     assert isinstance(merged, DictConfig)
     return merged
-
-
-def _given(cfg: Any, key: str) -> Any:
-    """The value a config-like `cfg` gives dotted `key`, or '?'."""
-    node = cfg
-    for part in key.split("."):
-        if not isinstance(node, (Mapping, DictConfig)) or part not in node:
-            return "?"
-        node = node[part]
-    return node
 
 
 # Where a `--config-dir` goes in Hydra's search path: before the shipped

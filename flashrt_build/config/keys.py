@@ -17,6 +17,18 @@ from ..errors import ConfigError
 from .schema import BuildConfig
 
 
+def value_at(node: Any, key: str, missing: Any = None) -> Any:
+    """The value at dotted `key` in nested mappings and lists (`module.files.0`), or `missing`."""
+    for part in key.split("."):
+        if isinstance(node, Sequence) and not isinstance(node, str) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, Mapping) and part in node:
+            node = node[part]
+        else:
+            return missing
+    return node
+
+
 def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:
     """Every key of `config` that the schema does not define, each naming its
     full dotted key, its value and the closest valid key. Free-form places

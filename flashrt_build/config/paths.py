@@ -99,22 +99,18 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
         raise ConfigError(key, str(path), "no such directory")
     if not Path(path).is_dir():
         raise ConfigError(key, str(path), "is a file, not a directory of configs")
-    if (Path(path) / "config.yaml").is_file() and not own_primary:
-        raise ConfigError(
-            key,
-            str(path),
-            "holds config.yaml, which would replace the tool's own config (a config dir's files win over the "
-            "shipped ones of the same name): rename it; a module goes in module/NAME.yaml",
-        )
     from .schema import SCHEMA_NAME
 
-    if (Path(path) / f"{SCHEMA_NAME}.yaml").is_file():
-        raise ConfigError(
-            key,
-            str(path),
-            f"holds {SCHEMA_NAME}.yaml, which would replace the tool's typed schema (a config dir's files win over "
-            "the shipped ones of the same name): rename it",
-        )
+    tools = {"config.yaml": "the tool's own config", f"{SCHEMA_NAME}.yaml": "the tool's typed schema"}
+    for name, what in tools.items():
+        if (Path(path) / name).is_file() and not (own_primary and name == "config.yaml"):
+            where = "; a module goes in module/NAME.yaml" if name == "config.yaml" else ""
+            raise ConfigError(
+                key,
+                str(path),
+                f"holds {name}, which would replace {what} (a config dir's files win over the shipped ones of the "
+                f"same name): rename it{where}",
+            )
     import yaml
     from omegaconf import OmegaConf
 

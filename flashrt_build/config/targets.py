@@ -199,6 +199,7 @@ def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) 
     the user's shadowing a shipped one, a compiler that is a script):
     refused unless the command line sets them."""
     from .compiler import inductor_option_sets
+    from .keys import value_at
 
     if not allowed_targets(config):
         return
@@ -212,9 +213,7 @@ def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) 
                     "Inductor runs, which the list does not judge; set it on the command line if you mean it",
                 )
     for key, default in CODE_KEYS.items():
-        value: Any = config
-        for part in key.split("."):
-            value = (value or {}).get(part) if isinstance(value, Mapping) else None
+        value = value_at(config, key)
         if value in (default, None) or command_line_value(overrides, key)[0]:
             continue
         raise ConfigError(
