@@ -2,15 +2,13 @@
 split-KV kernel the package carries, reading the KV cache as it is.
 
 For a decode step transformers' SDPA attention copies each layer's whole
-cache once per query head it serves (`repeat_kv`: 8 MB a layer at
-Llama-3.2-1B's width and 1024 positions), turns the boolean mask into a
-float bias, and runs cuDNN's attention over every position of the static
-cache, filled or not: six kernels a layer, 0.22 ms of a 1.4 ms step on an
-H100 (BENCHMARKS.md). This kernel reads each KV head once for all the
-query heads of its group, skips the blocks the mask hides (the unfilled
-cache), and splits the positions over programs whose partial softmaxes a
-second kernel merges (flash-decoding): two kernels a layer, 4.6 us against
-22 at that shape, the whole step 0.88x (H100, BENCHMARKS.md).
+cache once per query head it serves (`repeat_kv`), turns the boolean mask
+into a float bias, and runs cuDNN's attention over every position of the
+static cache, filled or not: six kernels a layer. This kernel reads each KV
+head once for all the query heads of its group, skips the blocks the mask
+hides (the unfilled cache), and splits the positions over programs whose
+partial softmaxes a second kernel merges (flash-decoding): two kernels a
+layer (their times are in BENCHMARKS.md).
 
 Like the `gemv` pass it applies only while exporting (the eager reference
 that verifies the package keeps SDPA), only on CUDA, only to a query of one

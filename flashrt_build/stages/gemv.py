@@ -37,23 +37,16 @@ from .exporting import is_exporting
 from .pdl import pdl_kernels
 from .quantize import members
 
-# (rows a program, K step, warps): the best of 72 configurations for every shape (bench/results/gemv_probe_h100.md)
+# (rows a program, K step, warps): the best configuration for every shape the probes timed
+# (bench/gemv_probe.py; figures in BENCHMARKS.md)
 LAUNCH = (2, 1024, 4)
-# Weights loaded evict-first (read once a step: L2 is left to x) without software pipelining: 2-4% off
-# every shape against Triton's default 3 stages (bench/results/gemv_fusion_probe_h100.md)
+# Weights loaded evict-first (read once a step: L2 is left to x), without software pipelining
 EVICT, STAGES = True, 1
-# int8 rows: bf16's K step and warps, twice its rows a program (as many bytes a program a step): the int8 chain
-# 0.7350 ms against 0.7512 at bf16's launch, its layers 0.5727 against 0.5867, the best of ten launches (H100,
-# bench/results/gemv_int8_launches_h100.md; its lm_head, bf16, at bf16's launch as a package launches it)
+# int8 rows: bf16's K step and warps, twice its rows a program (as many bytes a program a step)
 INT8_LAUNCH = (4, 1024, 4)
-# int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened): the chain
-# 0.8374 ms against 0.8407 (H100, bench/results/gemv_pdl_probe_int8_h100.md)
-# (Loaded as 32-bit words, two a thread, int8 rows take x in its own layout, no exchange through shared memory, in
-# 30% fewer instructions; the chain was slower: 1.026x the bytes', bench/results/gemv_int8_sweep_h100.md.)
+# int8 rows widened to fp32 through fp32's bits, not the conversion instruction (triton_kernels.widened)
 INT8_BITS = True
-# Weight tiles a program loads before it waits on the kernel before it (pdl): the first, or the first two
-# (a K of 2048 whole before the wait); bench/gemv_fusion_probe.py --pdl-only times both: the same on an H100
-# (0.8872 ms a chain against 0.8850, bench/results/gemv_pdl_probe_prefetch_h100.md), so 1.
+# Weight tiles a program loads before it waits on the kernel before it (pdl): one; two timed the same
 PREFETCH = 1
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 INT8_WO = "Int8WeightOnlyConfig"  # the torchao config whose weights the kernel reads as they are (no args: per row)

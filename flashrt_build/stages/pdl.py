@@ -38,8 +38,7 @@ PREFIX = "flashrt_pdl_"  # a kernel whose name starts so waits before it touches
 # How the kernels of a package with the pass wait (triton_kernels.step_ready's PDL): 1 waits, then lets
 # the next kernel launch; 2 lets it launch first, so its programs load their first weights sooner (each
 # still waits for this kernel to end; it launches only once every program of this one has started).
-# bench/gemv_fusion_probe.py --pdl-only times both on a step's GEMV chain: 2 was 0.987x 1 on an H100
-# (with the GLU kernel), 0.998x on an H200 (before it).
+# 2 ships: bench/gemv_fusion_probe.py --pdl-only times both on a step's GEMV chain (BENCHMARKS.md).
 WAIT_THEN_LAUNCH, LAUNCH_THEN_WAIT = 1, 2
 MODE = LAUNCH_THEN_WAIT
 
