@@ -11,8 +11,9 @@ AOTInductor raise in any other test and in the processes it starts) or that
 takes seconds for another reason: a build command in a fresh process that
 imports torch, exports a module.
 
-Each distinct package is compiled once per (worker) session by a session-scoped fixture
-below, and many tests assert on it. GPU tests are marked `gpu` and skip
+Each distinct package is compiled once per run by a session-scoped fixture
+below (in a folder the xdist workers share: the first compiles it, the
+others find it up to date), and many tests assert on it. GPU tests are marked `gpu` and skip
 without CUDA.
 """
 
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from compile_guard import FORBID_ENV, guard
+from filelock import FileLock
 from safetensors.torch import save_file
 
 import flashrt_build
@@ -64,6 +68,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(skip)
 
 
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every xdist worker of this run shares (pytest's base temp
+    without one)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+
+
+@contextmanager
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """A folder of the run's shared root, held under a lock while the body
+    runs: its first holder writes the files, the others find them (write
+    only what is absent), and a build into it compiles once per run, the
+    other workers finding it up to date."""
+    folder = shared_root(tmp_path_factory) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        yield folder
+
+
 def build_config(*overrides: str, output_dir: Path) -> flashrt_build.BuildResult:
     """A real build; the output root (and its package store) is the output dir's parent."""
     return flashrt_build.build(compose([*overrides, f"output_dir={output_dir}", f"output_root={output_dir.parent}"]))
@@ -71,7 +94,8 @@ def build_config(*overrides: str, output_dir: Path) -> flashrt_build.BuildResult
 
 @pytest.fixture(scope="session")
 def mlp_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
-    return build_config("+module=mlp", output_dir=tmp_path_factory.mktemp("mlp") / "out")
+    with once_per_run(tmp_path_factory, "mlp") as folder:
+        return build_config("+module=mlp", output_dir=folder / "out")
 
 
 @pytest.fixture(scope="session")
@@ -79,58 +103,64 @@ def mlp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A safetensors checkpoint for mlp whose weights differ from the seeded init."""
     from flashrt_build.examples import MLP
 
-    torch.manual_seed(1234)
-    state = {k: v.contiguous() for k, v in MLP().state_dict().items()}
-    path = tmp_path_factory.mktemp("ckpt") / "mlp.safetensors"
-    save_file(state, str(path))
+    with once_per_run(tmp_path_factory, "ckpt") as folder:
+        path = folder / "mlp.safetensors"
+        if not path.exists():
+            torch.manual_seed(1234)
+            save_file({k: v.contiguous() for k, v in MLP().state_dict().items()}, str(path))
     return path
 
 
 @pytest.fixture(scope="session")
 def mlp_checkpoint_build(tmp_path_factory: pytest.TempPathFactory, mlp_checkpoint: Path) -> flashrt_build.BuildResult:
-    return build_config(
-        "+module=mlp", f"module.checkpoint={mlp_checkpoint}", output_dir=tmp_path_factory.mktemp("mlp_ckpt") / "out"
-    )
+    with once_per_run(tmp_path_factory, "mlp_ckpt") as folder:
+        return build_config("+module=mlp", f"module.checkpoint={mlp_checkpoint}", output_dir=folder / "out")
 
 
 @pytest.fixture(scope="session")
 def gpt2_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
-    return build_config("+module=gpt2_tiny", output_dir=tmp_path_factory.mktemp("gpt2") / "out")
+    with once_per_run(tmp_path_factory, "gpt2") as folder:
+        return build_config("+module=gpt2_tiny", output_dir=folder / "out")
 
 
 @pytest.fixture(scope="session")
 def bert_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
-    return build_config("+module=bert_tiny", output_dir=tmp_path_factory.mktemp("bert") / "out")
+    with once_per_run(tmp_path_factory, "bert") as folder:
+        return build_config("+module=bert_tiny", output_dir=folder / "out")
 
 
 @pytest.fixture(scope="session")
 def mlp_external_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
-    return build_config("+module=mlp", "weights=external", output_dir=tmp_path_factory.mktemp("mlp_ext") / "out")
+    with once_per_run(tmp_path_factory, "mlp_ext") as folder:
+        return build_config("+module=mlp", "weights=external", output_dir=folder / "out")
 
 
 @pytest.fixture(scope="session")
 def gpt2_external_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
-    return build_config("+module=gpt2_tiny", "weights=external", output_dir=tmp_path_factory.mktemp("gpt2_ext") / "out")
+    with once_per_run(tmp_path_factory, "gpt2_ext") as folder:
+        return build_config("+module=gpt2_tiny", "weights=external", output_dir=folder / "out")
 
 
 @pytest.fixture(scope="session")
 def stateful_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_build.BuildResult, Path]:
     """tests/modules.Stateful (a step counter, a running mean), baked; and its config dir."""
-    tmp = tmp_path_factory.mktemp("stateful")
-    conf = tmp / "conf"
-    (conf / "module").mkdir(parents=True)
-    (conf / "module" / "stateful.yaml").write_text(
-        "name: stateful\nmodel: {_target_: modules.Stateful}\n"
-        "inputs: {x: {shape: [3, 4], dynamic: {0: {name: batch, min: 1, max: 16}}}}\n"
-    )
-    cfg = compose(["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"], config_dir=conf)
-    return flashrt_build.build(cfg), conf
+    with once_per_run(tmp_path_factory, "stateful") as tmp:
+        conf = tmp / "conf"
+        if not conf.exists():
+            (conf / "module").mkdir(parents=True)
+            (conf / "module" / "stateful.yaml").write_text(
+                "name: stateful\nmodel: {_target_: modules.Stateful}\n"
+                "inputs: {x: {shape: [3, 4], dynamic: {0: {name: batch, min: 1, max: 16}}}}\n"
+            )
+        cfg = compose(["+module=stateful", f"output_dir={tmp / 'out'}", f"output_root={tmp}"], config_dir=conf)
+        return flashrt_build.build(cfg), conf
 
 
 @pytest.fixture(scope="session")
 def lm_build(tmp_path_factory: pytest.TempPathFactory) -> flashrt_build.BuildResult:
     """The zoo's decoder LM as one package of two methods (prefill, decode), external weights."""
-    return build_config("+module=tiny_lm", "weights=external", output_dir=tmp_path_factory.mktemp("lm") / "external")
+    with once_per_run(tmp_path_factory, "lm") as folder:
+        return build_config("+module=tiny_lm", "weights=external", output_dir=folder / "external")
 
 
 @pytest.fixture(scope="session")
@@ -150,7 +180,8 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama saved with save_pretrained (tests/llm_families.py); tests change copies of it only."""
     from llm_families import save_family
 
-    return save_family("llama", tmp_path_factory.mktemp("saved") / "llama")
+    with once_per_run(tmp_path_factory, "saved") as folder:
+        return folder / "llama" if (folder / "llama").exists() else save_family("llama", folder / "llama")
 
 
 @pytest.fixture(scope="session")
@@ -160,12 +191,14 @@ def llama_lm_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[flashrt_bu
     external weights; and its directory."""
     from llm_families import save_family, save_tokenizer
 
-    root = tmp_path_factory.mktemp("llama")
-    model_dir = save_family("llama", root / "llama")
-    save_tokenizer(model_dir)
-    cfg = compose(["+module=causal_lm", f"module.pretrained={model_dir}", "module.max_cache_len=64",
-                   "module.max_prompt=32", "weights=external", f"output_root={root / 'out'}"])  # fmt: skip
-    return flashrt_build.build(cfg), model_dir
+    with once_per_run(tmp_path_factory, "llama") as root:
+        model_dir = root / "llama"
+        if not model_dir.exists():
+            save_family("llama", model_dir)
+            save_tokenizer(model_dir)
+        cfg = compose(["+module=causal_lm", f"module.pretrained={model_dir}", "module.max_cache_len=64",
+                       "module.max_prompt=32", "weights=external", f"output_root={root / 'out'}"])  # fmt: skip
+        return flashrt_build.build(cfg), model_dir
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -182,7 +215,8 @@ def every_built_manifest_validates(tmp_path_factory: pytest.TempPathFactory):
 
     validator = Draft202012Validator(manifest_schema())
     broken = []
-    for path in sorted(Path(tmp_path_factory.getbasetemp()).rglob(".store/artifacts/*/manifest.json")):
+    roots = [Path(tmp_path_factory.getbasetemp()), shared_root(tmp_path_factory)]
+    for path in sorted(p for root in roots for p in root.rglob(".store/artifacts/*/manifest.json")):
         errors = [
             f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(json.loads(path.read_text()))
         ]
