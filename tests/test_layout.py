@@ -139,3 +139,33 @@ def test_stages_are_not_numbered_in_docstrings() -> None:
         if re.search(r"\bStage \d|^\s+\S+\.py\s+\d\.", p.read_text(), re.M)
     ]
     assert numbered == []
+
+
+DEVELOPMENT = REPO / "docs" / "development.md"
+FOLDERS = ["config", "cache", "stages", "runtime", "sweep", "commands"]  # in the map's order
+
+
+def folder_map(folder: str) -> str:
+    """The development map's lines for a folder, from its docstring: its
+    first line, then the modules it lists, as it words them."""
+    docstring = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
+    first = docstring.split("\n\n", 1)[0].replace("\n", " ")
+    modules = [line.strip() for line in docstring.splitlines() if re.match(r"\s+[a-z0-9_.]+\.(py|json)\b", line)]
+    return "\n".join([f"  {folder + '/':<21}{first}", *(f"    {line}" for line in modules)])
+
+
+def test_the_development_map_is_the_folder_docstrings() -> None:
+    """docs/development.md's map of the package is each folder's docstring
+    (checked here, so it cannot drift); the top-level modules are named in it.
+    `python tests/test_layout.py` prints the folders' part to paste."""
+    text = DEVELOPMENT.read_text()
+    block = text.split("```\nflashrt_build/\n", 1)[1].split("```", 1)[0]
+    for folder in FOLDERS:
+        assert folder_map(folder) in block, f"docs/development.md's map of {folder}/ is not its docstring's"
+    top_level = {p.name for p in PACKAGE.glob("*.py")}
+    named = set(re.findall(r"\b\w+\.py\b", block))
+    assert top_level <= named, f"top-level modules missing from docs/development.md's map: {top_level - named}"
+
+
+if __name__ == "__main__":
+    print("\n".join(folder_map(folder) for folder in FOLDERS))
