@@ -99,21 +99,21 @@ def untrusted(config: dict[str, Any]) -> list[str]:
 
 def _set_aside_code_options(options: Any) -> list[str]:
     """Remove from one set of Inductor options (nested or dotted) those
-    that name code (targets.CODE_OPTIONS), each said."""
+    that may name code (targets.code_options), each said."""
     from ..config.compiler import flatten_options
-    from ..config.targets import CODE_OPTIONS
+    from ..config.targets import code_options
 
     if not isinstance(options, dict):  # a forged manifest's: the build's own check names it
         return []
     said = []
-    for name in sorted(set(flatten_options(options)) & CODE_OPTIONS):
+    for name in code_options(flatten_options(options)):
         holder, key = options, name
         if name not in options:  # nested: {cuda: {cutlass_dir: ...}}
             *path, key = name.split(".")
             for part in path:
                 holder = holder[part]
         value = holder.pop(key)
-        said.append(f"the release's Inductor option {name}={value} is not used (it names code): --trust uses it")
+        said.append(f"the release's Inductor option {name}={value} is not used (it may name code): --trust uses it")
     return said
 
 

@@ -11,6 +11,7 @@ import fnmatch
 import hashlib
 import importlib.util
 import platform
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -190,6 +191,35 @@ CODE_OPTIONS = frozenset(
     {"cuda.cuda_cxx", "cutlass.cutlass_dir", "cuda.cutlass_dir", "xpu.cutlass_dir", "rocm.ck_dir", "rocm.rocm_home",
      "aot_inductor.aoti_shim_library_path"}
 )  # fmt: skip
+# Inductor's text options that are safe as words: a choice among names, never
+# a path or a compiler flag (a text option reaches a compiler's command line:
+# `compile_wrapper_opt_level: "O1 -wrapper X"` runs X). Any other text, list or
+# mapping value may name code, and is treated as the options above are.
+WORD_OPTIONS = {
+    "aot_inductor.compile_wrapper_opt_level": r"O[0-3sgz]?|Ofast",
+    "cpp.enable_floating_point_contract_flag": r"off|on|fast",
+    "cpp.descriptive_names": r"[a-z_]+",
+    "triton.descriptive_names": r"[a-z_]+",
+    "max_autotune_gemm_backends": r"[A-Za-z0-9_,]+",
+    "max_autotune_conv_backends": r"[A-Za-z0-9_,]+",
+    "max_autotune_gemm_search_space": r"[A-Za-z0-9_]+",
+    "max_autotune_flex_search_space": r"[A-Za-z0-9_]+",
+}
+
+
+def code_options(options: Mapping[str, Any]) -> list[str]:
+    """The Inductor options of a flattened set that may name code: those of
+    CODE_OPTIONS, and every text, list or mapping value that is not one of
+    WORD_OPTIONS' words (booleans and numbers never reach a command line as
+    code)."""
+    found = []
+    for name, value in options.items():
+        if value is None or isinstance(value, (bool, int, float)):
+            continue
+        word = WORD_OPTIONS.get(name)
+        if name in CODE_OPTIONS or not (isinstance(value, str) and word and re.fullmatch(word, value)):
+            found.append(name)
+    return sorted(found)
 
 
 def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) -> None:
@@ -204,13 +234,14 @@ def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) 
     if not allowed_targets(config):
         return
     for where, options in inductor_option_sets(config):
-        for name in sorted(CODE_OPTIONS & set(options)):
-            if options[name] is not None and not any(name in o for o in overrides):
+        for name in code_options(options):
+            if not any(name in o for o in overrides):
                 raise ConfigError(
                     f"{where}.{name}",
                     options[name],
-                    "set by a config file under an allow-list (release=true or allowed_targets): it names code "
-                    "Inductor runs, which the list does not judge; set it on the command line if you mean it",
+                    "set by a config file under an allow-list (release=true or allowed_targets): a value that may "
+                    "name code Inductor runs (a path, a compiler flag), which the list does not judge; set it on the "
+                    "command line if you mean it",
                 )
     for key, default in CODE_KEYS.items():
         value = value_at(config, key)

@@ -154,11 +154,13 @@ def test_a_forged_manifests_inductor_options_run_no_compiler_and_name_no_code(
         shutil.copytree(release_builds["mlp"], forged)
         manifest = json.loads((forged / "manifest.json").read_text())
         node = manifest["config"]["inductor"] if where == "inductor" else manifest["config"]["quant"]["inductor"]
-        node["options"] = {"cpp.cxx": str(script), "cuda.cutlass_dir": str(tmp_path)}
+        node["options"] = {"cpp.cxx": str(script), "cuda.cutlass_dir": str(tmp_path),
+                           "aot_inductor.compile_wrapper_opt_level": f"O1 -wrapper {script}"}  # fmt: skip
         manifest["config_sha256"] = config_sha256(manifest["config"])
         (forged / "manifest.json").chmod(0o644)
         (forged / "manifest.json").write_text(json.dumps(manifest))
         done = repro(forged)
         assert done.returncode == 2 and says in done.stderr and "chosen by toolchain.cxx" in done.stderr, done.stderr
-        assert "Inductor option cuda.cutlass_dir" in done.stderr and "not used (it names code)" in done.stderr
+        assert "Inductor option cuda.cutlass_dir" in done.stderr and "not used (it may name code)" in done.stderr
+        assert "Inductor option aot_inductor.compile_wrapper_opt_level=O1 -wrapper" in done.stderr
     assert not marker.exists()

@@ -244,6 +244,24 @@ def test_inductor_options_cannot_choose_the_compiler_nor_under_release_name_code
     with pytest.raises(ConfigError, match=r"'inductor.options.cuda.cutlass_dir' = .*set by a config file under an"):
         compose(["+module=mlp", "inductor=cutlass", "release=true"], config_dir=tmp_path)
     compose(["+module=mlp", "inductor=cutlass"], config_dir=tmp_path)  # no allow-list: the user's own config
+    # a text option reaches the compiler's command line: a flag in it runs code ("-wrapper X" runs X)
+    (tmp_path / "inductor" / "flags.yaml").write_text(
+        "name: flags\noptions: {aot_inductor.compile_wrapper_opt_level: 'O1 -wrapper /tmp/evil.sh'}\n"
+    )
+    with pytest.raises(ConfigError, match=r"'inductor.options.aot_inductor.compile_wrapper_opt_level' = 'O1 -wrapper"):
+        compose(["+module=mlp", "inductor=flags", "release=true"], config_dir=tmp_path)
+
+
+def test_an_inductor_option_may_name_code_unless_it_is_a_number_a_switch_or_a_known_word() -> None:
+    from flashrt_build.config.targets import code_options
+
+    words = {"max_autotune": True, "cpp.simdlen": 8, "aot_inductor.compile_wrapper_opt_level": "O3",
+             "max_autotune_gemm_backends": "ATEN,TRITON", "cpp.enable_floating_point_contract_flag": "off"}  # fmt: skip
+    assert code_options(words) == []
+    code = {"aot_inductor.compile_wrapper_opt_level": "B/tmp/evil", "cuda.cutlass_dir": "/src",
+            "cpp.enable_floating_point_contract_flag": "off -B.", "aot_inductor.custom_op_libs": ["evil"],
+            "trace.debug_dir": "/tmp/x", "aot_inductor.output_path": "/etc/x"}  # fmt: skip
+    assert code_options({**words, **code}) == sorted(code)
 
 
 def test_a_config_file_that_is_no_mapping_and_a_fifo_for_config_json_are_named(tmp_path: Path) -> None:
