@@ -58,6 +58,9 @@ def converse(args: argparse.Namespace, model: Any, tokenizer: Any, run: Any, roo
     the new tokens that fit after a prompt (and why fewer), `options` the generation's."""
     conversation = Conversation(tokenizer, args)
     for line in _turns():
+        if line is None:
+            print("that line is not UTF-8 text, so it was not said; type it again", file=sys.stderr)
+            continue
         if line.strip() == RESET:
             conversation.reset()
             print("(the conversation starts over)", file=sys.stderr)
@@ -83,15 +86,19 @@ def converse(args: argparse.Namespace, model: Any, tokenizer: Any, run: Any, roo
 
 
 def _turns() -> Any:
-    """Lines of standard input, a prompt on stderr before each where a person types them."""
+    """Lines of standard input (None for one that is not UTF-8), a prompt on
+    stderr before each where a person types them."""
     typing = sys.stdin.isatty()
     while True:
         if typing:
             print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        raw = sys.stdin.buffer.readline()
+        if not raw:
             return
-        yield line.rstrip("\n")
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            yield None
 
 
 def _tensor(ids: list[int], device: Any) -> Any:

@@ -198,8 +198,9 @@ def check_pretrained_dir(key: str, value: str, path: Path) -> None:
     if not path.is_dir():
         raise ConfigError(key, value, "is a file; give the save_pretrained directory (the folder holding config.json)")
     config = path / "config.json"
-    if config.exists() and not config.is_file():
-        raise ConfigError(key, value, f"holds config.json, which is {_special(config)}, not a regular file")
+    for name in ("config.json", *(name for name, _ in HF_LAYOUTS)):  # what transformers would open and block on
+        if (path / name).exists() and not (path / name).is_file():
+            raise ConfigError(key, value, f"holds {name}, which is {_special(path / name)}, not a regular file")
     if not config.is_file():
         raise ConfigError(key, value, f"holds no config.json ({config}): not a save_pretrained directory")
 

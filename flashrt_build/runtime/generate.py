@@ -66,11 +66,21 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 64, **options: Any) 
         from .load import load
 
         model = load(model)
+    elif not hasattr(model, "manifest"):
+        raise TypeError(
+            f"model: expected an output directory or a loaded package (flashrt_build.load(OUT)), "
+            f"got {type(model).__name__}"
+        )
     if isinstance(prompt, torch.Tensor):
         return generate_ids(model, prompt, max_new_tokens, **options)
     output_dir = Path(model.output_dir)
     tokenizer = None
     if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer encodes it
+            where = f"{prompt[exc.start]!r} (character {exc.start})"
+            raise ValueError(f"prompt: not text: {where} is a lone surrogate") from None
         check_serving_dir(output_dir, model.manifest)
         tokenizer = served_tokenizer(output_dir)
         encoded = tokenizer.encode(prompt)

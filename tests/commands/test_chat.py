@@ -73,3 +73,18 @@ def test_a_conversation_that_outgrows_the_cache_says_so_and_keeps_listening(llam
     assert "the conversation no longer fits: " in done.stderr and "/reset starts over" in done.stderr
     assert done.stderr.count("prompt tokens") == 2  # the first turn and the one after /reset
     assert generate_cli(llama_lm_build[0].output_dir, "--interactive", "--json").returncode == 2
+
+
+def test_text_that_is_not_text_is_refused_by_name_and_a_conversation_goes_on(llama_lm_build: LlamaBuild) -> None:
+    out = llama_lm_build[0].output_dir
+    done = subprocess.run(
+        [sys.executable, "-m", "flashrt_build.generate", str(out), "--interactive", "--max-new-tokens", "2"],
+        input=b"hello\xff\xfe world\nab\n", capture_output=True, timeout=300, cwd=REPO, env={**os.environ, **QUIET},
+    )  # fmt: skip
+    stderr = done.stderr.decode()
+    assert done.returncode == 0 and "that line is not UTF-8 text, so it was not said" in stderr, stderr
+    assert stderr.count("prompt tokens") == 1  # the next line was a turn
+    with pytest.raises(ValueError, match=r"prompt: not text: '\\ud800' \(character 2\) is a lone surrogate"):
+        flashrt_build.generate(out, "hi\ud800", 2)
+    with pytest.raises(TypeError, match=r"model: expected an output directory or a loaded package .* got NoneType"):
+        flashrt_build.generate(None, "hi", 2)

@@ -276,6 +276,10 @@ def test_a_config_file_that_is_no_mapping_and_a_fifo_for_config_json_are_named(t
     os.mkfifo(model / "config.json")
     with pytest.raises(ConfigError, match=r"holds config.json, which is a FIFO, not a regular file"):
         check_pretrained_dir("module.pretrained", str(model), model)
+    (model / "config.json").unlink()
+    (model / "config.json").write_text("{}")
     os.mkfifo(model / "model.safetensors.index.json")
+    with pytest.raises(ConfigError, match=r"holds model.safetensors.index.json, which is a FIFO, not a regular file"):
+        check_pretrained_dir("module.pretrained", str(model), model)  # before transformers blocks on opening it
     with pytest.raises(ConfigError, match=r"holds model.safetensors.index.json, which is a FIFO, not a regular file"):
         resolve_checkpoint("module.pretrained", str(model), model)
