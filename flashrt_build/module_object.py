@@ -47,6 +47,8 @@ def build_module(
     weights: str = "baked",
     target: str = "cpu",
     dtype: str | None = None,
+    output_root: str | Path | None = None,
+    output_dir: str | Path | None = None,
     overrides: Sequence[str] = (),
     config_dir: str | Path | None = None,
     cwd: Path | None = None,
@@ -57,7 +59,8 @@ def build_module(
     values an integer input takes ({"ids": (0, vocab)}: verified over, and
     every call checked against), `weights` and `target`
     the config groups' values, `dtype` the target's (default: the module's
-    floating dtype), `overrides` any other keys as the command line gives
+    floating dtype), `output_root` and `output_dir` where it goes (the
+    keys'), `overrides` any other keys as the command line gives
     them (`["verify.rtol=1e-3", "output_root=builds"]`). Returns the
     BuildResult."""
     from .config.compose import compose
@@ -69,6 +72,7 @@ def build_module(
     label = name if name is not None else _name_of(module)
     dtype = dtype or _floating_dtype(module)
     chosen = [f"weights={weights}", f"target={target}", *([f"target.dtype={dtype}"] if dtype else [])]
+    chosen += [f"{key}={value}" for key, value in (("output_root", output_root), ("output_dir", output_dir)) if value]
     cfg = compose([*chosen, *overrides], config_dir=config_dir)
     if cfg.get("release"):
         raise ConfigError(

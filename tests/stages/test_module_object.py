@@ -48,7 +48,7 @@ def build_scaled(scaled: Scaled, root: Path) -> flashrt_build.BuildResult:
         dynamic_shapes={"ids": {1: SEQ}, "scale": {1: SEQ}},
         input_ranges={"ids": (0, 50)},
         weights="external",
-        overrides=[f"output_root={root}"],
+        output_root=root,
     )
 
 
