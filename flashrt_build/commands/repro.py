@@ -99,9 +99,8 @@ def untrusted(config: dict[str, Any]) -> list[str]:
 
 def _set_aside_code_options(options: Any) -> list[str]:
     """Remove from one set of Inductor options (nested or dotted) those
-    that may name code (targets.code_options), each said."""
-    from ..config.compiler import flatten_options
-    from ..config.targets import code_options
+    that may name code (compiler.code_options), each said."""
+    from ..config.compiler import code_options, flatten_options
 
     if not isinstance(options, dict):  # a forged manifest's: the build's own check names it
         return []

@@ -4,6 +4,7 @@ recipe's, the `inductor` group's, the target's and the release profile's)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,3 +125,42 @@ def _method_options(
         elif options:
             resolved[name] = flatten_options(options)
     return resolved
+
+
+# Inductor options that name code Inductor runs or links (a compiler, a
+# library, a source tree of kernels): `cpp.cxx` is refused everywhere
+# (toolchain.cxx chooses the compiler); these, under an allow-list, only from
+# the command line.
+CODE_OPTIONS = frozenset(
+    {"cuda.cuda_cxx", "cutlass.cutlass_dir", "cuda.cutlass_dir", "xpu.cutlass_dir", "rocm.ck_dir", "rocm.rocm_home",
+     "aot_inductor.aoti_shim_library_path"}
+)  # fmt: skip
+# Inductor's text options that are safe as words: a choice among names, never
+# a path or a compiler flag (a text option reaches a compiler's command line:
+# `compile_wrapper_opt_level: "O1 -wrapper X"` runs X). Any other text, list or
+# mapping value may name code, and is treated as the options above are.
+WORD_OPTIONS = {
+    "aot_inductor.compile_wrapper_opt_level": r"O[0-3sgz]?|Ofast",
+    "cpp.enable_floating_point_contract_flag": r"off|on|fast",
+    "cpp.descriptive_names": r"[a-z_]+",
+    "triton.descriptive_names": r"[a-z_]+",
+    "max_autotune_gemm_backends": r"[A-Za-z0-9_,]+",
+    "max_autotune_conv_backends": r"[A-Za-z0-9_,]+",
+    "max_autotune_gemm_search_space": r"[A-Za-z0-9_]+",
+    "max_autotune_flex_search_space": r"[A-Za-z0-9_]+",
+}
+
+
+def code_options(options: Mapping[str, Any]) -> list[str]:
+    """The Inductor options of a flattened set that may name code: those of
+    CODE_OPTIONS, and every text, list or mapping value that is not one of
+    WORD_OPTIONS' words (booleans and numbers never reach a command line as
+    code)."""
+    found = []
+    for name, value in options.items():
+        if value is None or isinstance(value, (bool, int, float)):
+            continue
+        word = WORD_OPTIONS.get(name)
+        if name in CODE_OPTIONS or not (isinstance(value, str) and word and re.fullmatch(word, value)):
+            found.append(name)
+    return sorted(found)

@@ -11,7 +11,6 @@ import fnmatch
 import hashlib
 import importlib.util
 import platform
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -183,52 +182,13 @@ def check_allow_list_source(composed: Any, overrides: Sequence[str]) -> None:
 CODE_KEYS: dict[str, Any] = {"python_path": [], "toolchain.cxx": None}
 
 
-# Inductor options that name code Inductor runs or links (a compiler, a
-# library, a source tree of kernels): `cpp.cxx` is refused everywhere
-# (toolchain.cxx chooses the compiler); these, under an allow-list, only from
-# the command line.
-CODE_OPTIONS = frozenset(
-    {"cuda.cuda_cxx", "cutlass.cutlass_dir", "cuda.cutlass_dir", "xpu.cutlass_dir", "rocm.ck_dir", "rocm.rocm_home",
-     "aot_inductor.aoti_shim_library_path"}
-)  # fmt: skip
-# Inductor's text options that are safe as words: a choice among names, never
-# a path or a compiler flag (a text option reaches a compiler's command line:
-# `compile_wrapper_opt_level: "O1 -wrapper X"` runs X). Any other text, list or
-# mapping value may name code, and is treated as the options above are.
-WORD_OPTIONS = {
-    "aot_inductor.compile_wrapper_opt_level": r"O[0-3sgz]?|Ofast",
-    "cpp.enable_floating_point_contract_flag": r"off|on|fast",
-    "cpp.descriptive_names": r"[a-z_]+",
-    "triton.descriptive_names": r"[a-z_]+",
-    "max_autotune_gemm_backends": r"[A-Za-z0-9_,]+",
-    "max_autotune_conv_backends": r"[A-Za-z0-9_,]+",
-    "max_autotune_gemm_search_space": r"[A-Za-z0-9_]+",
-    "max_autotune_flex_search_space": r"[A-Za-z0-9_]+",
-}
-
-
-def code_options(options: Mapping[str, Any]) -> list[str]:
-    """The Inductor options of a flattened set that may name code: those of
-    CODE_OPTIONS, and every text, list or mapping value that is not one of
-    WORD_OPTIONS' words (booleans and numbers never reach a command line as
-    code)."""
-    found = []
-    for name, value in options.items():
-        if value is None or isinstance(value, (bool, int, float)):
-            continue
-        word = WORD_OPTIONS.get(name)
-        if name in CODE_OPTIONS or not (isinstance(value, str) and word and re.fullmatch(word, value)):
-            found.append(name)
-    return sorted(found)
-
-
 def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) -> None:
     """Under an allow-list (release=true, allowed_targets), `python_path`,
-    `toolchain.cxx` and the Inductor options that name code (CODE_OPTIONS)
+    `toolchain.cxx` and the Inductor options that may name code (compiler.code_options)
     from a config file would run code the list never judges (a package of
     the user's shadowing a shipped one, a compiler that is a script):
     refused unless the command line sets them."""
-    from .compiler import inductor_option_sets
+    from .compiler import code_options, inductor_option_sets
     from .keys import value_at
 
     if not allowed_targets(config):

@@ -253,7 +253,7 @@ def test_inductor_options_cannot_choose_the_compiler_nor_under_release_name_code
 
 
 def test_an_inductor_option_may_name_code_unless_it_is_a_number_a_switch_or_a_known_word() -> None:
-    from flashrt_build.config.targets import code_options
+    from flashrt_build.config.compiler import code_options
 
     words = {"max_autotune": True, "cpp.simdlen": 8, "aot_inductor.compile_wrapper_opt_level": "O3",
              "max_autotune_gemm_backends": "ATEN,TRITON", "cpp.enable_floating_point_contract_flag": "off"}  # fmt: skip
