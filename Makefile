@@ -2,12 +2,13 @@
 # make run        build the default example (outputs/mlp/cpu-baked-default/)
 # make test       lint and type-check, then the whole test suite (about 20 minutes on 2 cores)
 # make test-fast  lint, type-check and the tests that compile nothing (under a minute)
+# make test-slurm the SLURM tests, on a one-node cluster brought up and down for them (tests/slurm/cluster.sh; root)
 # make cpp        the C++ library and flashrt-run, built against the venv's torch (build/cpp/)
 VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help run test test-fast lint format clean cpp
+.PHONY: help run test test-fast test-slurm lint format clean cpp
 
 # (Re)create the venv when it is absent or older than the lock or pyproject.
 $(STAMP): requirements.lock pyproject.toml
@@ -33,6 +34,10 @@ test: lint
 
 test-fast: lint
 	$(PYTHON) -m pytest -q -n auto -m "not slow"
+
+# Installs the SLURM packages when missing (apt, as root); where it cannot, says so and exits 0.
+test-slurm: $(STAMP)
+	tests/slurm/cluster.sh run $(PYTHON) -m pytest -q tests/slurm
 
 cpp: $(STAMP)
 	cmake -S cpp -B build/cpp -DCMAKE_PREFIX_PATH="$$($(PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \

@@ -10,7 +10,7 @@
     problems.py      the one collector of a config's problems, raised together
     spec.py          a composed config resolved into a typed `BuildSpec`, a resolver per group
     module.py        the `module` group: name, targets, methods, checkpoint, served files, imports
-    compiler.py      the compile: compiler, temp dir, quant recipe, each method's Inductor options, those that may name code
+    compiler.py      the compile: compiler, temp dir, quant recipe, Inductor options (those that may name code too)
     llm.py           what causal_lm reads from a save_pretrained directory's config.json
     inputs.py        each entry point's inputs, dynamic dims, value ranges, constant kwargs
     quant.py         a quantization recipe: its schema, rules (a method's own), targets, error bounds

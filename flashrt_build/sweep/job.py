@@ -10,6 +10,8 @@ crash (a segfaulting compiler, the OOM killer) fails one job, not the sweep.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
@@ -56,8 +58,15 @@ def run_sweep_job(cfg: DictConfig, naming: Naming | None = None) -> int:
         if hydra.output_subdir
         else None,
         "threads": threads,
+        "slurm_job_id": slurm_job_id(),  # what sacct, squeue and scancel call this job
     }
     _write_record(job_dir, record)
+    in_slurm_job = record["slurm_job_id"] is not None and "SlurmLauncher" in str(hydra.launcher.get("_target_"))
+    if in_slurm_job:
+        # SLURM warns a job before its time limit (submitit's `--signal=USR2@...`) so that it can requeue
+        # itself; a build cannot resume, so it runs until SLURM stops it (SIGTERM) and says why.
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to change
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the build process inherits it
     start = time.perf_counter()
     record["started_at"] = time.time()  # wall clock: a sweep's timeline across processes and GPUs
     try:
@@ -77,11 +86,55 @@ def run_sweep_job(cfg: DictConfig, naming: Naming | None = None) -> int:
                 record["build_finished_at"] = time.time()
     except FlashrtError as exc:
         outcome = failure(report_failure(log, exc))
+    error = outcome.get("error") or {}
+    if in_slurm_job and error.get("type") == "Interrupted":
+        error["message"] = slurm_stopped(record["slurm_job_id"]) + error["message"]
     record["finished_at"] = time.time()
     record["wall_s"] = round(time.perf_counter() - start, 3)
     record.update(_row_fields(outcome, record.get("output_dir")))
     _write_record(job_dir, record)
+    if in_slurm_job and record["exit_code"]:
+        # submitit ends a job's process with 0 once it has saved the job's return value; a failed
+        # build's job exits with its code after that, so that sacct says FAILED.
+        atexit.register(_exit_now, int(record["exit_code"]))
     return int(record["exit_code"])
+
+
+def _exit_now(code: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def slurm_job_id() -> str | None:
+    """This process's SLURM job as sacct names it (`123_4` for a task of an
+    array, as submitit submits a sweep), or None outside SLURM."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
+
+
+# Why SLURM stopped a job (its state in sacct), as its summary row says it.
+SLURM_STOPS = {
+    "TIMEOUT": "it ran past its time limit, hydra.launcher.timeout_min",
+    "CANCELLED": "cancelled: scancel",
+    "PREEMPTED": "preempted by another job",
+    "NODE_FAIL": "its node failed",
+}
+
+
+def slurm_stopped(job_id: str) -> str:
+    """What SLURM's accounting says of this job once SLURM has stopped it, as the
+    start of its error message ("SLURM job 12_3 TIMEOUT (...): "), or "" when it
+    says nothing (scontrol shows only COMPLETING while the job is stopped)."""
+    try:
+        shown = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True, text=True, timeout=15
+        ).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    state = shown[0] if shown else ""
+    return f"SLURM job {job_id} {state} ({SLURM_STOPS[state]}): " if state in SLURM_STOPS else ""
 
 
 def _build_in_fresh_process(

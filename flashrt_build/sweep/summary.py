@@ -110,6 +110,11 @@ def _outcome(row: dict[str, Any], width: int = 140) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _has_slurm_ids(rows: list[dict[str, Any]]) -> bool:
+    """Whether SLURM ran any job of the sweep: then each row names its SLURM job."""
+    return any(row.get("slurm_job_id") for row in rows)
+
+
 def _headline(summary: dict[str, Any]) -> str:
     counts = summary["counts"]
     parts = [f"{counts[s]} {s.replace('_', ' ')}" for s in STATUSES]
@@ -119,19 +124,21 @@ def _headline(summary: dict[str, Any]) -> str:
 
 def render_markdown(summary: dict[str, Any]) -> str:
     rows = summary["rows"]
+    slurm = _has_slurm_ids(rows)
     md = [
         "# Sweep summary",
         "",
         f"`{summary['sweep_dir']}`, launcher `{summary['launcher']}`: {_headline(summary)}",
         "",
-        "| job | module | overrides | status | wall s | export s | compile s | verify s | package MB "
-        "| verification | latency ms | output dir or error |",
-        "|---:|---|---|---|---:|---:|---:|---:|---:|---|---|---|",
+        "| job |" + (" slurm job |" if slurm else "") + " module | overrides | status | wall s | export s "
+        "| compile s | verify s | package MB | verification | latency ms | output dir or error |",
+        "|---:|" + ("---|" if slurm else "") + "---|---|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for row in rows:
         timings = row.get("timings") or {}
         cells = [
             str(row["job"]),
+            *([str(row.get("slurm_job_id") or "")] if slurm else []),
             _module(row),
             f"`{_overrides(row)}`" if _overrides(row) else "",
             row["status"] + (" (from store)" if row.get("from_store") else ""),
@@ -168,12 +175,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 def render_table(summary: dict[str, Any]) -> str:
     """The terminal's view: one line per job, failures with their first line."""
-    header = ("job", "status", "time", "module", "overrides", "MB", "verification", "output dir or error")
+    slurm = _has_slurm_ids(summary["rows"])
+    header = ("job", *(("slurm job",) if slurm else ()), "status", "time", "module", "overrides", "MB",
+              "verification", "output dir or error")  # fmt: skip
     lines = [header]
     for row in summary["rows"]:
         status = "FAILED" if row["status"] == "failed" else row["status"].replace("_", " ")
-        lines.append((str(row["job"]), status, f"{row.get('wall_s', 0):.1f}s", _module(row), _overrides(row),
-                      _megabytes(row), _verdict(row), _outcome(row)))  # fmt: skip
+        slurm_id = (str(row.get("slurm_job_id") or "-"),) if slurm else ()
+        lines.append((str(row["job"]), *slurm_id, status, f"{row.get('wall_s', 0):.1f}s", _module(row),
+                      _overrides(row), _megabytes(row), _verdict(row), _outcome(row)))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1]
             for line in lines]  # fmt: skip
