@@ -32,7 +32,7 @@ import torch
 
 from .errors import ConfigError
 from .runtime.dtypes import dtype_name
-from .stages.objects import GIVEN, handing, object_digest
+from .stages.objects import GIVEN, graph_code, handing, object_digest
 
 log = logging.getLogger("flashrt_build")
 
@@ -81,7 +81,8 @@ def build_module(
             "a module object cannot be a release: repro rebuilds a release from its manifest, which cannot make "
             "the object again; give its class as module.model._target_ in a config",
         )
-    digest, why = object_digest(module)
+    examples = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs or ())
+    digest, why = object_digest(module, graph_code(module, examples, dynamic_shapes))
     if why is not None:
         log.warning("%s: built every time: the object cannot be keyed by what it is (%s)", label, why)
     from omegaconf import OmegaConf, open_dict

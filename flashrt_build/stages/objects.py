@@ -41,7 +41,16 @@ def given(digest: str) -> torch.nn.Module:
             "names no module object of this process: a build from an object runs where the object is "
             "(flashrt_build.build(model, example_inputs=...)), not from a config or a sweep",
         )
-    return copy.deepcopy(found)
+    try:
+        return copy.deepcopy(found)
+    except Exception as exc:  # noqa: BLE001 - whatever stops the copy: the object is not built in place
+        raise ConfigError(
+            "model",
+            type(found).__name__,
+            f"cannot be copied ({type(exc).__name__}: {exc}), and a build rewrites its copy, never your object: "
+            "keep what does not copy (a lock, a file, a process handle) off the module",
+            "argument",
+        ) from None
 
 
 @contextlib.contextmanager
@@ -54,12 +63,16 @@ def handing(digest: str, module: torch.nn.Module) -> Iterator[None]:
         _objects.reset(token)
 
 
-def object_digest(module: torch.nn.Module) -> tuple[str, str | None]:
+def object_digest(module: torch.nn.Module, graph: str | None = None) -> tuple[str, str | None]:
     """(digest, None): sha256 of the object's pickle, streamed, each tensor
     by its dtype, shape and contents (a storage pickles by its address,
-    another each process); or (a fresh random name, why) where the object
-    does not pickle."""
-    digest = hashlib.sha256()
+    another each process), its classes' files and `graph`, what its forward
+    computes (`graph_code`: code a pickle names but does not hold, a helper
+    it calls, a method patched in, runs there); or (a fresh random name, why)
+    where the object does not pickle or its forward does not export."""
+    if graph is None:
+        return f"unkeyed-{uuid.uuid4().hex}", "its forward did not export here; the build says why"
+    digest = hashlib.sha256(graph.encode())
 
     class Sha256Writer:
         def write(self, data: bytes) -> int:
@@ -108,3 +121,20 @@ def object_record(digest: str) -> dict[str, Any] | None:
         "source_sha256": file_sha256(Path(source)) if source else None,
         "sha256": None if digest.startswith("unkeyed-") else digest,
     }
+
+
+def graph_code(module: torch.nn.Module, example_inputs: tuple[Any, ...], dynamic_shapes: Any) -> str | None:
+    """What the module's forward computes, as torch.export traces it: its
+    graph's code and the constants the trace lifted (by contents), or None
+    where it does not export (the build's own export then says why)."""
+    try:  # on a copy: a forward's Python side effects (a call counter) stay off the user's object
+        exported = torch.export.export(
+            copy.deepcopy(module), example_inputs, dynamic_shapes=dynamic_shapes, strict=False
+        )
+    except Exception:  # noqa: BLE001 - the build's stages name the cause
+        return None
+    constants = sorted(
+        f"{name} {tensor_sha256(value.detach())}" if isinstance(value, torch.Tensor) else f"{name} {value!r}"
+        for name, value in exported.constants.items()
+    )
+    return "\n".join([exported.graph_module.code, str(exported.graph_signature), *constants])

@@ -109,10 +109,11 @@ def real_name(obj: Any) -> str | None:
 
 
 def source_file(obj: Any) -> str | None:
-    """The file an object's code is in, or None where it has none (a builtin)."""
+    """The file an object's code is in, or None where it has none (a builtin,
+    a class defined in `python -c` or a notebook's kernel)."""
     try:
         return inspect.getsourcefile(obj)
-    except TypeError:
+    except (TypeError, OSError):
         return None
 
 

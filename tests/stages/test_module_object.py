@@ -12,7 +12,7 @@ from torch.export import Dim
 
 import flashrt_build
 from flashrt_build.errors import ConfigError
-from flashrt_build.stages.objects import object_digest
+from flashrt_build.stages.objects import graph_code, object_digest
 
 
 class Scaled(torch.nn.Module):
@@ -33,6 +33,10 @@ def examples(length: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 SEQ = Dim("seq", min=2, max=32)
+
+
+def digest(module: torch.nn.Module) -> str:
+    return object_digest(module, graph_code(module, examples(), {"ids": {1: SEQ}, "scale": {1: SEQ}}))[0]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,7 @@ def test_a_module_object_builds_a_verified_package_and_is_left_as_it_was(
     assert (object_build.output_dir / "weights.safetensors").is_file()
     record = manifest["module"]["object"]
     assert record["class"] == f"{__name__}.Scaled" and record["source_file"] == __file__
-    assert record["sha256"] == object_digest(scaled)[0]
+    assert record["sha256"] == digest(scaled)
     inputs = manifest["config"]["module"]["inputs"]
     assert inputs["ids"]["dtype"] == "int64" and dict(inputs["ids"]["dynamic"]) == {
         1: {"name": "seq", "min": 2, "max": 32}
@@ -99,21 +103,59 @@ def test_an_unchanged_object_is_up_to_date_and_a_changed_one_is_not(
     assert again.status == "up_to_date" and again.output_dir == object_build.output_dir
     changed = Scaled()
     changed.load_state_dict(scaled.state_dict())
-    assert object_digest(changed)[0] == object_digest(scaled)[0]  # another object, the same contents
+    assert digest(changed) == digest(scaled)  # another object, the same contents
     with torch.no_grad():
         changed.proj.bias.add_(1)
-    assert object_digest(changed)[0] != object_digest(scaled)[0]
+    assert digest(changed) != digest(scaled)
     changed.proj.bias.data = scaled.proj.bias.clone()
     changed.extra = 2.0  # an attribute forward could read: a pickle keys it too
-    assert object_digest(changed)[0] != object_digest(scaled)[0]
+    assert digest(changed) != digest(scaled)
+
+
+ACTIVATION = [torch.relu]
+
+
+class Helped(Scaled):
+    """A forward that calls code its pickle and its class's file do not hold."""
+
+    def forward(self, ids: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return ACTIVATION[0](super().forward(ids, scale))
+
+
+def test_what_the_forward_computes_keys_the_object_not_only_its_pickle_and_file() -> None:
+    helped = Helped()
+    before = digest(helped)
+    ACTIVATION[0] = torch.tanh  # a helper edited (another module's function), a method patched in
+    try:
+        assert digest(helped) != before
+    finally:
+        ACTIVATION[0] = torch.relu
+    assert digest(helped) == before
+    first, why = object_digest(helped, None)  # a forward that does not export: built every time
+    assert first.startswith("unkeyed-") and "did not export" in str(why)
+
+
+def test_a_class_without_a_source_file_is_keyed_by_its_graph() -> None:
+    import sys
+    import types
+
+    from flashrt_build.stages.preflight import source_file
+
+    cell = sys.modules["notebook_cell"] = types.ModuleType("notebook_cell")  # a kernel's __main__: no file
+    try:
+        orphan = cell.Orphan = type("Orphan", (Scaled,), {"__module__": "notebook_cell"})
+        assert source_file(orphan) is None
+        assert not digest(orphan()).startswith("unkeyed-")
+    finally:
+        del sys.modules["notebook_cell"]
 
 
 def test_an_object_that_does_not_pickle_is_built_every_time_and_says_why() -> None:
     module = torch.nn.Linear(2, 2)
     module.register_forward_hook(lambda *args: None)
-    first, why = object_digest(module)
+    first, why = object_digest(module, "its graph")
     assert first.startswith("unkeyed-") and why is not None and "lambda" in why
-    assert object_digest(module)[0] != first
+    assert object_digest(module, "its graph")[0] != first
 
 
 @pytest.mark.parametrize(
@@ -140,3 +182,12 @@ def test_too_many_examples_and_options_without_an_object_are_named(tmp_path: Pat
         flashrt_build.build(Scaled(), example_inputs=(*examples(), torch.ones(1)))
     with pytest.raises(TypeError, match=r"example_inputs are options of a build from a module object"):
         flashrt_build.build({"module": {}}, example_inputs=examples())
+
+
+def test_an_object_that_cannot_be_copied_is_named_not_built_in_place(tmp_path: Path) -> None:
+    import threading
+
+    locked = Scaled()
+    locked.lock = threading.Lock()  # a build rewrites its copy, never the caller's object
+    with pytest.raises(ConfigError, match=r"argument 'model' = 'Scaled': cannot be copied \(TypeError: cannot pickle"):
+        flashrt_build.build(locked, example_inputs=examples(), output_root=tmp_path)
