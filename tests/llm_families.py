@@ -6,6 +6,7 @@ one token, which would prove little)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,3 +85,37 @@ def causal_lm_overrides(directory: Path | str, root: Path, *more: str) -> list[s
     """`+module=causal_lm` of `directory` with a short cache, into `root`."""
     return ["+module=causal_lm", f"module.pretrained={directory}", "module.max_cache_len=32", f"output_root={root}",
             *more]  # fmt: skip
+
+
+# The families by the test file that builds them (two, so that two test workers share the compiles).
+DENSE_ROTARY = ["llama", "mistral", "qwen2", "gemma", "gemma3", "phi3"]
+OTHER_LAYOUTS = ["gpt2", "opt", "mixtral", "qwen3_moe"]
+
+PROMPT = torch.tensor([[3, 1, 4, 1, 5]])
+
+
+def builds_verifies_and_generates(family: str, request: Any, tmp_path_factory: Any) -> None:
+    """`family` built with the shipped causal_lm config: verified, its cache
+    the package's state in place, and transformers' own greedy tokens."""
+    import flashrt_build
+    from flashrt_build.config.compose import compose
+
+    if family == "llama":  # the session's llama_lm_build, which other tests share
+        result, model_dir = request.getfixturevalue("llama_lm_build")
+    else:
+        root = tmp_path_factory.mktemp(family)
+        model_dir = save_family(family, root / family)
+        result = flashrt_build.build(compose(causal_lm_overrides(model_dir, root / "out", "module.max_prompt=16",
+                                                                 "weights=external")))  # fmt: skip
+    manifest = result.manifest
+    assert manifest["verification"]["passed"] is True
+    assert set(manifest["methods"]) == {"prefill", "decode"}
+    state = {t["fqn"] for t in manifest["state"]["tensors"]}
+    assert manifest["state"]["mode"] == "in_place" and {"kv_0_keys", "kv_0_values", "kv_1_keys"} <= state
+    # the cache's count of tokens is each call's own, not state: as a buffer every layer's `add_` was a write
+    assert all(fqn.endswith(("_keys", "_values")) for fqn in state), state
+    assert manifest["methods"]["decode"]["state"] == manifest["methods"]["prefill"]["state"]  # one cache, shared
+    model = flashrt_build.load(result.output_dir)
+    ours = flashrt_build.generate(model, PROMPT, 9).tokens
+    assert ours.tolist() == transformers_tokens(model_dir, PROMPT, 9).tolist()
+    assert len(set(ours[0].tolist())) > 2  # tokens that say something: not one repeated

@@ -1,8 +1,8 @@
 """The LLMs people have: transformers causal LMs from their save_pretrained
 directories, built with the shipped `causal_lm` config into packages of a
-prefill and a decode method over a static KV cache, generating transformers'
-own greedy tokens; text in and text out through the tokenizer copied beside
-the package."""
+prefill and a decode method over a static KV cache (every family tested:
+test_causal_lm_families*.py); text in and text out through the tokenizer
+copied beside the package."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from llm_families import FAMILIES, save_family, transformers_tokens
+from llm_families import PROMPT, save_family, transformers_tokens
 
 import flashrt_build
 from flashrt_build.config.compose import compose
@@ -24,43 +24,6 @@ from flashrt_build.config.spec import resolve_spec
 from flashrt_build.errors import ConfigError
 
 pytestmark = pytest.mark.slow
-
-PROMPT = torch.tensor([[3, 1, 4, 1, 5]])
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_a_family_builds_verifies_and_generates_transformers_tokens(
-    family: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    if family == "llama":  # built once for the tests below
-        result, model_dir = request.getfixturevalue("llama_lm_build")
-    else:
-        root = tmp_path_factory.mktemp(family)
-        model_dir = save_family(family, root / family)
-        result = flashrt_build.build(
-            compose(
-                [
-                    "+module=causal_lm",
-                    f"module.pretrained={model_dir}",
-                    "module.max_cache_len=32",
-                    "module.max_prompt=16",
-                    "weights=external",
-                    f"output_root={root / 'out'}",
-                ]
-            )  # fmt: skip
-        )
-    manifest = result.manifest
-    assert manifest["verification"]["passed"] is True
-    assert set(manifest["methods"]) == {"prefill", "decode"}
-    state = {t["fqn"] for t in manifest["state"]["tensors"]}
-    assert manifest["state"]["mode"] == "in_place" and {"kv_0_keys", "kv_0_values", "kv_1_keys"} <= state
-    # the cache's count of tokens is each call's own, not state: as a buffer every layer's `add_` was a write
-    assert all(fqn.endswith(("_keys", "_values")) for fqn in state), state
-    assert manifest["methods"]["decode"]["state"] == manifest["methods"]["prefill"]["state"]  # one cache, shared
-    model = flashrt_build.load(result.output_dir)
-    ours = flashrt_build.generate(model, PROMPT, 9).tokens
-    assert ours.tolist() == transformers_tokens(model_dir, PROMPT, 9).tolist()
-    assert len(set(ours[0].tolist())) > 2  # tokens that say something: not one repeated
 
 
 def test_what_the_build_reads_and_copies(llama_lm_build: tuple[flashrt_build.BuildResult, Path]) -> None:
