@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..runtime.sizes import PromptRefused
-from .text import Stream, chat_ids, check_vocabulary, encode, utf8
+from .text import MAX_PROMPT_BYTES, Stream, chat_ids, check_vocabulary, encode, utf8
 
 RESET = "/reset"
 
@@ -57,9 +57,12 @@ def converse(args: argparse.Namespace, model: Any, tokenizer: Any, run: Any, roo
     """The conversation's loop: `run` is `generate`, `room(model, prompt_length, asked)`
     the new tokens that fit after a prompt (and why fewer), `options` the generation's."""
     conversation = Conversation(tokenizer, args)
+    if options.get("temperature", 0) > 0 and options.get("seed") is None:  # one seed the whole conversation
+        options["seed"] = int.from_bytes(os.urandom(4), "little")
+        print(f"seed: {options['seed']} (--seed {options['seed']} repeats this conversation)", file=sys.stderr)
     for line in _turns():
-        if line is None:
-            print("that line is not UTF-8 text, so it was not said; type it again", file=sys.stderr)
+        if not isinstance(line, str):
+            print(f"that line {line.why}, so it was not said; type it again", file=sys.stderr)
             continue
         if line.strip() == RESET:
             conversation.reset()
@@ -85,20 +88,30 @@ def converse(args: argparse.Namespace, model: Any, tokenizer: Any, run: Any, roo
     return 0
 
 
+class Unsaid(NamedTuple):
+    why: str  # a line of standard input that is no turn: why
+
+
 def _turns() -> Any:
-    """Lines of standard input (None for one that is not UTF-8), a prompt on
-    stderr before each where a person types them."""
+    """Lines of standard input (an `Unsaid` for one that is not UTF-8 text or
+    is longer than any prompt), a prompt on stderr before each where a person
+    types them."""
     typing = sys.stdin.isatty()
     while True:
         if typing:
             print("> ", end="", file=sys.stderr, flush=True)
-        raw = sys.stdin.buffer.readline()
+        raw = sys.stdin.buffer.readline(MAX_PROMPT_BYTES + 1)
         if not raw:
             return
+        if len(raw) > MAX_PROMPT_BYTES:  # read past in bounded pieces, never held whole
+            while raw and not raw.endswith(b"\n"):
+                raw = sys.stdin.buffer.readline(MAX_PROMPT_BYTES)
+            yield Unsaid(f"is longer than {MAX_PROMPT_BYTES >> 20} MiB, more text than any package's prompt takes")
+            continue
         try:
             yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError:
-            yield None
+            yield Unsaid("is not UTF-8 text")
 
 
 def _tensor(ids: list[int], device: Any) -> Any:

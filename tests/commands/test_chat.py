@@ -79,12 +79,25 @@ def test_text_that_is_not_text_is_refused_by_name_and_a_conversation_goes_on(lla
     out = llama_lm_build[0].output_dir
     done = subprocess.run(
         [sys.executable, "-m", "flashrt_build.generate", str(out), "--interactive", "--max-new-tokens", "2"],
-        input=b"hello\xff\xfe world\nab\n", capture_output=True, timeout=300, cwd=REPO, env={**os.environ, **QUIET},
+        input=b"hello\xff\xfe world\n" + b"x" * (65 << 20) + b"\nab\n", capture_output=True, timeout=300, cwd=REPO,
+        env={**os.environ, **QUIET},
     )  # fmt: skip
     stderr = done.stderr.decode()
     assert done.returncode == 0 and "that line is not UTF-8 text, so it was not said" in stderr, stderr
-    assert stderr.count("prompt tokens") == 1  # the next line was a turn
+    assert "that line is longer than 64 MiB, more text than any package's prompt takes" in stderr  # never held whole
+    assert stderr.count("prompt tokens") == 1  # the last line was a turn
     with pytest.raises(ValueError, match=r"prompt: not text: '\\ud800' \(character 2\) is a lone surrogate"):
         flashrt_build.generate(out, "hi\ud800", 2)
     with pytest.raises(TypeError, match=r"model: expected an output directory or a loaded package .* got NoneType"):
         flashrt_build.generate(None, "hi", 2)
+
+
+def test_a_sampled_conversation_says_its_seed_and_the_seed_repeats_it(llama_lm_build: LlamaBuild) -> None:
+    out, turns = llama_lm_build[0].output_dir, "hi\nab\n"
+    flags = ["--interactive", "--temperature", "1", "--max-new-tokens", "6"]
+    first = generate_cli(out, *flags, stdin=turns)
+    said = [line for line in first.stderr.splitlines() if line.startswith("seed: ")]
+    assert first.returncode == 0 and len(said) == 1, first.stderr  # once, for the whole conversation
+    seed = said[0].split()[1]
+    again = generate_cli(out, *flags, "--seed", seed, stdin=turns)
+    assert again.returncode == 0 and again.stdout == first.stdout and "seed: " not in again.stderr
