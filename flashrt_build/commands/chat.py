@@ -30,7 +30,7 @@ class Conversation:
         self.cached: list[int] = []
         self.text = ""
         system = self.args.system
-        self.messages = [{"role": "system", "content": utf8(system)}] if system is not None else []
+        self.messages = [{"role": "system", "content": utf8(system, "--system")}] if system is not None else []
 
     def prompt(self, line: str) -> list[int]:
         """The conversation with `line` as the user's next turn, as token ids."""

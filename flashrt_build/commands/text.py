@@ -43,12 +43,13 @@ def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any,
         ids = parse_ids(args.prompt_ids)
         check_vocabulary(ids, manifest, "--prompt-ids", args.prompt_ids)
         return None, ids
+    flag, given = ("--prompt", args.prompt) if args.prompt is not None else ("--prompt-file", str(args.prompt_file))
     text = utf8(args.prompt) if args.prompt is not None else _read_prompt(args.prompt_file)
-    tokenizer = served_tokenizer(args.output_dir, chat=args.chat, prompt="--prompt")
+    tokenizer = served_tokenizer(args.output_dir, chat=args.chat, prompt=flag)
     ids = _chat_ids(tokenizer, text, args.output_dir, args.system) if args.chat else encode(tokenizer, text)
     if not ids:
-        raise argument("--prompt", text, "encodes to no tokens; the package needs at least one")
-    check_vocabulary(ids, manifest, "--prompt", text)
+        raise argument(flag, given, "encodes to no tokens; the package needs at least one")
+    check_vocabulary(ids, manifest, flag, text)
     return tokenizer, ids
 
 
@@ -64,13 +65,13 @@ def parse_ids(given: str) -> list[int]:
     return [int(item) for item in items]
 
 
-def utf8(text: str) -> str:
-    """The prompt as text: bytes that are not UTF-8 reach argv as surrogates, which no tokenizer encodes."""
+def utf8(text: str, flag: str = "--prompt") -> str:
+    """A flag's text: bytes that are not UTF-8 reach argv as surrogates, which no tokenizer encodes."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raw, at = os.fsencode(text), len(text[: exc.start].encode())
-        raise argument("--prompt", raw, f"is not valid UTF-8 (byte {raw[at : at + 1]!r} at offset {at})") from None
+        raise argument(flag, raw, f"is not valid UTF-8 (byte {raw[at : at + 1]!r} at offset {at})") from None
     return text
 
 
@@ -101,7 +102,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 def _chat_ids(tokenizer: Any, text: str, output_dir: Path, system: str | None = None) -> list[int]:
     """The prompt as one user message (after `system`'s, when given) through
     the tokenizer's chat template."""
-    messages = [{"role": "system", "content": utf8(system)}] if system is not None else []
+    messages = [{"role": "system", "content": utf8(system, "--system")}] if system is not None else []
     return chat_ids(tokenizer, [*messages, {"role": "user", "content": text}], output_dir)
 
 

@@ -95,7 +95,8 @@ def _plain_tokenizer(output_dir: Path, chat: bool, prompt: str) -> Any:
 
 
 def _refused(prompt: str, output_dir: Path, expected: str) -> ConfigError:
-    return ConfigError(prompt, str(output_dir), expected, kind="argument")
+    """The package at `output_dir` cannot encode `prompt`'s text here."""
+    return ConfigError("OUTPUT_DIR", str(output_dir), f"{prompt}'s text: {expected}", kind="argument")
 
 
 def eos_tokens(output_dir: Path, tokenizer: Any) -> set[int] | None:

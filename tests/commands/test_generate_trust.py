@@ -274,6 +274,10 @@ def test_a_prompt_that_is_not_utf8_is_named(llama_lm_build: LlamaBuild) -> None:
     assert one_line(done) == (
         "ConfigError: argument '--prompt' = b'ab\\xff': is not valid UTF-8 (byte b'\\xff' at offset 2)"
     )
+    system = generate_cli(llama_lm_build[0].output_dir, "--prompt", "ab", "--chat", "--system", b"\xff")
+    assert system.returncode == 2 and one_line(system).startswith("ConfigError: argument '--system' = b'\\xff'")
+    empty = generate_cli(llama_lm_build[0].output_dir, "--prompt-file", "/dev/null")
+    assert one_line(empty).startswith("ConfigError: argument '--prompt-file' = '/dev/null': encodes to no tokens")
 
 
 def _wait_for_handlers(process: subprocess.Popen[bytes]) -> None:
@@ -375,7 +379,8 @@ def test_a_serving_host_without_tokenizer_libraries(llama_lm_build: LlamaBuild) 
 
     text = without("transformers,tokenizers", out, "--prompt", "ab")
     assert text.returncode == 2 and "Traceback" not in text.stderr
-    assert "argument '--prompt'" in text.stderr and "pip install tokenizers" in text.stderr
+    assert f"argument 'OUTPUT_DIR' = '{out}': --prompt's text: encoding text needs" in text.stderr
+    assert "pip install tokenizers" in text.stderr
 
     plain = without("transformers", out, "--prompt", "ab", "--max-new-tokens", "3")
     assert plain.returncode == 0, plain.stderr  # a tokenizer.json through the tokenizers library
