@@ -221,8 +221,10 @@ def config_differences(manifest: Mapping[str, Any], directory: Path) -> list[str
     either is not there to compare."""
     built = (manifest.get("module") or {}).get("model_config")
     path = directory / "config.json"
-    if not isinstance(built, dict) or not path.is_file():
+    if not isinstance(built, dict) or not path.exists():
         return []
+    if not path.is_file():  # a FIFO would block the read; it is no config to serve with
+        return ["config.json is not a regular file"]
     try:
         given = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

@@ -281,5 +281,10 @@ def test_a_config_file_that_is_no_mapping_and_a_fifo_for_config_json_are_named(t
     os.mkfifo(model / "model.safetensors.index.json")
     with pytest.raises(ConfigError, match=r"holds model.safetensors.index.json, which is a FIFO, not a regular file"):
         check_pretrained_dir("module.pretrained", str(model), model)  # before transformers blocks on opening it
+    from flashrt_build.runtime.checkpoint import config_differences
+
+    os.unlink(model / "config.json")
+    os.mkfifo(model / "config.json")  # a checkpoint served at load: check and --weights compare it, never block
+    assert config_differences({"module": {"model_config": {}}}, model) == ["config.json is not a regular file"]
     with pytest.raises(ConfigError, match=r"holds model.safetensors.index.json, which is a FIFO, not a regular file"):
         resolve_checkpoint("module.pretrained", str(model), model)
