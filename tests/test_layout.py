@@ -35,6 +35,7 @@ TORCH_FREE = [
     "runtime/formats.py",
     "runtime/schema.py",
     "runtime/dtypes.py",
+    "runtime/tempdir.py",
     "cli.py",
     "errors.py",
     "artifact.py",

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..artifact import STORE_DIR, build_in, foreign_entries
 from ..errors import ConfigError
+from ..runtime.tempdir import check_temp_dir as check_temp_dir  # the config checks it before a build
 from .inputs import NAME
 from .problems import Problems
 
@@ -125,24 +126,6 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
             raise ConfigError(key, str(path), f"{file} is not valid YAML: {why}") from None
         if top is not None and not isinstance(top, dict):  # OmegaConf would read a text as a key named by all of it
             raise ConfigError(key, str(path), f"{file} holds a {type(top).__name__}, not a mapping of config keys")
-
-
-def check_temp_dir() -> None:
-    """The temp dir (TMPDIR) holds Inductor's compile and every loaded package's
-    unpacked files; one that is not a writable directory fails the build late
-    and obscurely, so refuse it first."""
-    value = os.environ.get("TMPDIR")
-    if not value:
-        return
-    why = None
-    if not Path(value).is_dir():
-        why = "no such directory" if not Path(value).exists() else "is not a directory"
-    elif not os.access(value, os.W_OK | os.X_OK):
-        why = "is not writable"
-    if why:
-        raise ConfigError(
-            "TMPDIR", value, f"{why}: builds compile, and packages load, in the temp dir", "environment variable"
-        )
 
 
 def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:

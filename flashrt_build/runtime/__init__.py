@@ -21,9 +21,10 @@ build's verification uses to load a package exactly as users do.
     reader.py          checkpoint files read: safetensors a chunk at a time, torch without unpickling
     formats.py         checkpoint files and save_pretrained directories, without torch
     dtypes.py          dtype names, aliases, safetensors codes, written once
+    tempdir.py         the temp dir a package unpacks into, refused by name where it cannot hold one
     gpu.py             the GPU a package runs on: identity, architecture, TF32 policy; the device asked for
 
 May import `artifact` and `errors` only. manifest.py, contract.py,
-hashing.py, formats.py, schema.py, sizes.py and dtypes.py import no torch: the build
+hashing.py, formats.py, schema.py, sizes.py, tempdir.py and dtypes.py import no torch: the build
 key and the up-to-date check use them.
 """

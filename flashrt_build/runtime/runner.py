@@ -16,6 +16,7 @@ import torch
 
 from ..artifact import SINGLE_MODEL
 from ..errors import ArtifactError
+from .tempdir import check_temp_dir
 
 
 def load_libraries(manifest: dict[str, Any]) -> None:
@@ -57,6 +58,7 @@ def load_package(path: Path, device_index: int = -1, model: str = SINGLE_MODEL, 
     """Load one model of a `.pt2` package into this process (torch's AOTICompiledModel).
     `single_threaded`: a runner without its own stream and locks, the only
     kind whose calls can be captured in a CUDA graph."""
+    check_temp_dir()  # torch unpacks the package's libraries there: named, not torch's RuntimeError
     if model == SINGLE_MODEL:
         return torch._inductor.aoti_load_package(str(path), single_threaded, device_index)
     # This model only: torch's load_package(path, name) loads every model of the archive to return one.

@@ -297,3 +297,13 @@ def test_the_key_and_the_manifest_describe_one_toolchain(mlp_build: flashrt_buil
     manifest = mlp_build.manifest
     assert key_fields(manifest["toolchain"]) == manifest["key_ingredients"]["toolchain"]
     assert set(KEY_FIELDS) <= set(manifest["toolchain"]) and manifest["toolchain"]["torch"] == torch.__version__
+
+
+def test_a_load_names_a_temp_dir_that_cannot_hold_the_package(
+    mlp_build: flashrt_build.BuildResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flashrt_build.errors import ConfigError
+
+    monkeypatch.setenv("TMPDIR", "/nonexistent")
+    with pytest.raises(ConfigError, match=r"environment variable 'TMPDIR' = '/nonexistent': no such directory"):
+        flashrt_build.load(mlp_build.output_dir)
