@@ -15,6 +15,7 @@ from ..runtime.dtypes import ALIASES, INTEGER
 
 # Names that become file and directory names: module names, variants, input names.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_NAME = 96  # a folder name: a file name holds 255 bytes, and the lock and staging names add to it
 
 
 @dataclass(frozen=True)

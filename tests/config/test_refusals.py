@@ -288,3 +288,12 @@ def test_a_config_file_that_is_no_mapping_and_a_fifo_for_config_json_are_named(t
     assert config_differences({"module": {"model_config": {}}}, model) == ["config.json is not a regular file"]
     with pytest.raises(ConfigError, match=r"holds model.safetensors.index.json, which is a FIFO, not a regular file"):
         resolve_checkpoint("module.pretrained", str(model), model)
+
+
+@pytest.mark.parametrize("key", ["module.name", "variant"])
+def test_a_name_past_what_a_folder_holds_is_refused_by_its_key(key: str, tmp_path: Path) -> None:
+    from flashrt_build.config.spec import resolve_spec
+
+    with pytest.raises(ConfigError, match=rf"'{key}' = 'aaaa.*': expected at most 96 letters"):
+        resolve_spec(compose(["+module=mlp", f"{key}={'a' * 300}", f"output_root={tmp_path}"]))
+    assert not list(tmp_path.iterdir())
