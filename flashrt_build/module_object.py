@@ -68,6 +68,7 @@ def build_module(
 
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(module).__name__}")
+    module = _checked(module, overrides)
     inputs = module_inputs(module, example_inputs, dynamic_shapes, input_ranges)
     label = name if name is not None else _name_of(module)
     dtype = dtype or _floating_dtype(module)
@@ -96,6 +97,22 @@ def build_module(
         )
     with handing(digest, module):
         return build(cfg, cwd)
+
+
+def _checked(module: torch.nn.Module, overrides: Sequence[str]) -> torch.nn.Module:
+    """The module to build, its `overrides` checked: a list of texts, none of
+    them the `module` the object is; torch.compile's wrapper gives its module."""
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+        expected = "expected a list of key=value texts, as the command line gives them"
+        raise TypeError(f"overrides: {expected}, got {overrides!r}")
+    if taken := [o for o in overrides if o.lstrip("+~").split("=")[0].split(".")[0] == "module"]:
+        expected = "the module is the object given (name=... names it; its inputs are the examples)"
+        raise ConfigError("overrides", taken, expected, "argument")
+    wrapped = getattr(module, "_orig_mod", None)
+    if isinstance(wrapped, torch.nn.Module):
+        log.info("building the module torch.compile wraps (%s): AOTInductor compiles it", type(wrapped).__name__)
+        return wrapped
+    return module
 
 
 def module_inputs(

@@ -79,6 +79,10 @@ def build(
         from .module_object import build_module
 
         return cast(BuildResult, build_module(cfg, example_inputs, cwd=cwd, **options))
+    if isinstance(cfg, type) and issubclass(cfg, torch.nn.Module):
+        raise TypeError(
+            f"model: expected an nn.Module object, got the class {cfg.__name__}: build({cfg.__name__}(...), ...)"
+        )
     if example_inputs is not None or options:
         given = ", ".join(["example_inputs", *options] if example_inputs is not None else options)
         raise TypeError(f"build(cfg): {given} are options of a build from a module object, build(model, ...)")

@@ -191,3 +191,13 @@ def test_an_object_that_cannot_be_copied_is_named_not_built_in_place(tmp_path: P
     locked.lock = threading.Lock()  # a build rewrites its copy, never the caller's object
     with pytest.raises(ConfigError, match=r"argument 'model' = 'Scaled': cannot be copied \(TypeError: cannot pickle"):
         flashrt_build.build(locked, example_inputs=examples(), output_root=tmp_path)
+
+
+def test_arguments_a_python_user_gets_wrong_are_named(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"overrides: expected a list of key=value texts.*got 'verify.rtol=1e-3'"):
+        flashrt_build.build(Scaled(), example_inputs=examples(), overrides="verify.rtol=1e-3")
+    with pytest.raises(ConfigError, match=r"argument 'overrides' = \['module.name=zzz'\]: the module is the object"):
+        flashrt_build.build(Scaled(), example_inputs=examples(), overrides=["module.name=zzz"])
+    with pytest.raises(TypeError, match=r"got the class Scaled: build\(Scaled\(...\), ...\)"):
+        flashrt_build.build(Scaled, example_inputs=examples())
+    assert not list(tmp_path.iterdir())
