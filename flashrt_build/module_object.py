@@ -96,7 +96,27 @@ def build_module(
             OmegaConf.structured(ModuleConfig), {"name": label, "model": model, "inputs": inputs}
         )
     with handing(digest, module):
-        return build(cfg, cwd)
+        try:
+            return build(cfg, cwd)
+        except ConfigError as exc:  # a key the config of the object has, as the argument the caller gave
+            raise as_argument(exc, list(inputs)) from None
+
+
+def as_argument(error: ConfigError, names: list[str]) -> ConfigError:
+    """A config error about the examples' `module.inputs`, named as the
+    build's argument it came from: `input_ranges`, `dynamic_shapes`,
+    `example_inputs`; any other as it is."""
+    found = re.match(r"module\.inputs\.(\w+)(?:\.(\w+))?(?:\.(\d+))?", error.key)
+    if error.kind != "config key" or found is None or found.group(1) not in names:
+        return error
+    name, part, axis = found.groups()
+    if part in ("low", "high"):
+        key = f"input_ranges[{name!r}]"
+    elif part == "dynamic":
+        key = f"dynamic_shapes[{name!r}]" + (f"[{axis}]" if axis else "")
+    else:
+        key = f"example_inputs[{names.index(name)}]"
+    return ConfigError(key, error.value, error.expected, "argument")
 
 
 def _checked(module: torch.nn.Module, overrides: Sequence[str]) -> torch.nn.Module:

@@ -201,3 +201,19 @@ def test_arguments_a_python_user_gets_wrong_are_named(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"got the class Scaled: build\(Scaled\(...\), ...\)"):
         flashrt_build.build(Scaled, example_inputs=examples())
     assert not list(tmp_path.iterdir())
+
+
+def test_a_config_error_about_the_examples_names_the_argument_they_came_from() -> None:
+    from flashrt_build.module_object import as_argument
+
+    names = ["ids", "scale"]
+    for key, argument in [
+        ("module.inputs.ids.high", "input_ranges['ids']"),
+        ("module.inputs.scale.dynamic.1.max", "dynamic_shapes['scale'][1]"),
+        ("module.inputs.scale.shape", "example_inputs[1]"),
+        ("module.inputs.ids", "example_inputs[0]"),
+    ]:
+        named = as_argument(ConfigError(key, 7, "expected less"), names)
+        assert (named.kind, named.key, named.expected) == ("argument", argument, "expected less")
+    other = ConfigError("verify.rtol", 1, "expected less")
+    assert as_argument(other, names) is other
