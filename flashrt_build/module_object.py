@@ -26,7 +26,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -74,14 +74,7 @@ def build_module(
     dtype = dtype or _floating_dtype(module)
     chosen = [f"weights={weights}", f"target={target}", *([f"target.dtype={dtype}"] if dtype else [])]
     chosen += [f"{key}={value}" for key, value in (("output_root", output_root), ("output_dir", output_dir)) if value]
-    cfg = compose([*chosen, *overrides], config_dir=config_dir)
-    if cfg.get("release"):
-        raise ConfigError(
-            "release",
-            True,
-            "a module object cannot be a release: repro rebuilds a release from its manifest, which cannot make "
-            "the object again; give its class as module.model._target_ in a config",
-        )
+    cfg = _not_a_release(compose([*chosen, *overrides], config_dir=config_dir))
     examples = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs or ())
     digest, why = object_digest(module, graph_code(module, examples, dynamic_shapes))
     if why is not None:
@@ -95,6 +88,7 @@ def build_module(
         cfg.module = OmegaConf.merge(
             OmegaConf.structured(ModuleConfig), {"name": label, "model": model, "inputs": inputs}
         )
+    _check_namesake(cfg, cwd, module, name is None)
     with handing(digest, module):
         try:
             return build(cfg, cwd)
@@ -244,6 +238,43 @@ def _dim(name: str, axis: Any, dim: Any, value: torch.Tensor) -> dict[str, Any]:
             "argument",
         )
     return {"name": dim_name, "min": max(low, 1), "max": high}
+
+
+def _not_a_release(cfg: Any) -> Any:
+    if cfg.get("release"):
+        raise ConfigError(
+            "release",
+            True,
+            "a module object cannot be a release: repro rebuilds a release from its manifest, which cannot make "
+            "the object again; give its class as module.model._target_ in a config",
+        )
+    return cfg
+
+
+def _check_namesake(cfg: Any, cwd: Path | None, module: torch.nn.Module, named_by_class: bool) -> None:
+    """The folder named after the object's class holds no build of another
+    class of that name (`pkga.net.Net` and `pkgb.net.Net`): its artifact
+    would be replaced by another model's."""
+    import json
+
+    from .config.paths import derive_output_dir
+    from .stages.preflight import real_name
+
+    if not named_by_class or cfg.get("output_dir"):
+        return
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # the folder as the build derives it
+    manifest = derive_output_dir(cast(dict[str, Any], config), cwd or Path.cwd()) / "manifest.json"
+    try:
+        built = (json.loads(manifest.read_text()).get("module") or {}).get("object") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    if built.get("class") not in (None, real_name(type(module))):
+        raise ConfigError(
+            "name", None, f"{manifest.parent} holds the build of {built['class']}, another class than "
+            f"{real_name(type(module))}: name=... gives this one a folder of its own", "argument",
+        )  # fmt: skip
 
 
 def _name_of(module: torch.nn.Module) -> str:

@@ -4,6 +4,7 @@ as it was, keyed by what the object is."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,14 @@ def test_a_config_error_about_the_examples_names_the_argument_they_came_from() -
         assert (named.kind, named.key, named.expected) == ("argument", argument, "expected less")
     other = ConfigError("verify.rtol", 1, "expected less")
     assert as_argument(other, names) is other
+
+
+@pytest.mark.slow
+def test_another_class_of_the_same_name_does_not_replace_a_build(object_build: flashrt_build.BuildResult) -> None:
+    namesake = type("Scaled", (Scaled,), {"__module__": "another_package.models"})  # its folder is scaled/ too
+    with pytest.raises(ConfigError, match=rf"holds the build of {__name__}.Scaled, another class than another_pa"):
+        build_scaled(namesake(), object_build.output_dir.parents[1])
+    assert (
+        json.loads((object_build.output_dir / "manifest.json").read_text())["build_key"]
+        == object_build.manifest["build_key"]
+    )
