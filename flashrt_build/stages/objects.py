@@ -115,6 +115,7 @@ def object_record(digest: str) -> dict[str, Any] | None:
     if found is None:
         return None
     source = source_file(type(found))
+    source = source if source and Path(source).is_file() else None  # `python - < file`: '<stdin>', no file
     return {
         "class": real_name(type(found)),
         "source_file": source,
