@@ -155,10 +155,10 @@ def code_options(options: Mapping[str, Any]) -> list[str]:
     """The Inductor options of a flattened set that may name code: those of
     CODE_OPTIONS, and every text, list or mapping value that is not one of
     WORD_OPTIONS' words (booleans and numbers never reach a command line as
-    code)."""
+    code); `cpp.cxx` aside, which every build refuses itself."""
     found = []
     for name, value in options.items():
-        if value is None or isinstance(value, (bool, int, float)):
+        if value is None or isinstance(value, (bool, int, float)) or name == "cpp.cxx":  # refused wherever it is
             continue
         word = WORD_OPTIONS.get(name)
         if name in CODE_OPTIONS or not (isinstance(value, str) and word and re.fullmatch(word, value)):

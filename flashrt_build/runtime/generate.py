@@ -66,13 +66,13 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 64, **options: Any) 
         from .load import load
 
         model = load(model)
-    elif not hasattr(model, "manifest"):
+    if isinstance(prompt, torch.Tensor):
+        return generate_ids(model, prompt, max_new_tokens, **options)
+    if not hasattr(model, "output_dir"):  # text and ids need the files beside the package
         raise TypeError(
             f"model: expected an output directory or a loaded package (flashrt_build.load(OUT)), "
             f"got {type(model).__name__}"
         )
-    if isinstance(prompt, torch.Tensor):
-        return generate_ids(model, prompt, max_new_tokens, **options)
     output_dir = Path(model.output_dir)
     tokenizer = None
     if isinstance(prompt, str):

@@ -115,7 +115,8 @@ def test_manifest_has_every_contract_field(mlp_build: flashrt_build.BuildResult)
         {"batch": 64},
     ]
     assert all(o["max_abs_err"] <= o["atol"] or o["rel_err"] <= o["rtol"] for o in v["outputs"])
-    assert {"instantiate", "export", "compile", "package", "verify", "manifest"} <= set(m["timings"])
+    # (the manifest stage's own time is the built result's, not in the file it writes: the fixture may be up to date)
+    assert {"instantiate", "export", "compile", "package", "verify"} <= set(m["timings"])
     timed = [name.split()[0] for name in m["timings"]]  # "compile forward" is the compile stage's
     assert timed == [stage for stage in STAGES if stage in timed]  # in the pipeline's order
 
