@@ -193,9 +193,12 @@ def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) 
 
     if not allowed_targets(config):
         return
+    # the keys the command line sets (dotted: `inductor=fast` chooses a file, whose values are the file's)
+    given = {key for o in overrides if "." in (key := o.partition("=")[0].lstrip("+~"))}
     for where, options in inductor_option_sets(config):
         for name in code_options(options):
-            if not any(name in o for o in overrides):
+            full = f"{where}.{name}"  # set by the command line: this very key, or a node holding it
+            if not any(full == key or full.startswith(f"{key}.") for key in given):
                 raise ConfigError(
                     f"{where}.{name}",
                     options[name],

@@ -297,3 +297,25 @@ def test_a_name_past_what_a_folder_holds_is_refused_by_its_key(key: str, tmp_pat
     with pytest.raises(ConfigError, match=rf"'{key}' = 'aaaa.*': expected at most 96 letters"):
         resolve_spec(compose(["+module=mlp", f"{key}={'a' * 300}", f"output_root={tmp_path}"]))
     assert not list(tmp_path.iterdir())
+
+
+def test_a_code_option_counts_as_the_command_lines_only_where_it_sets_that_very_key(tmp_path: Path) -> None:
+    (tmp_path / "inductor").mkdir()
+    evil = "O1 -wrapper /tmp/evil.sh"
+    (tmp_path / "inductor" / "fast.yaml").write_text(
+        f"name: fast\noptions: {{}}\nmethods: {{forward: {{aot_inductor.compile_wrapper_opt_level: '{evil}'}}}}\n"
+    )
+    for also in ("+inductor.options.aot_inductor.compile_wrapper_opt_level=O2",  # another key of the same name
+                 f"output_root={tmp_path}/out_aot_inductor.compile_wrapper_opt_level"):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"'inductor.methods.forward.aot_inductor.compile_wrapper_opt_level'"):
+            compose(["+module=mlp", "inductor=fast", "release=true", also], config_dir=tmp_path)
+
+
+def test_repro_sets_aside_every_spelling_of_an_option_that_may_name_code() -> None:
+    from flashrt_build.commands.repro import _set_aside_code_options
+
+    evil = "O1 -wrapper /tmp/evil.sh"
+    options = {"aot_inductor.compile_wrapper_opt_level": evil, "aot_inductor": {"compile_wrapper_opt_level": evil},
+               "max_autotune": True}  # fmt: skip
+    said = _set_aside_code_options(options)
+    assert options == {"aot_inductor": {}, "max_autotune": True} and len(said) == 1 and evil in said[0]
