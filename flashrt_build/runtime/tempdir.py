@@ -19,9 +19,20 @@ def check_temp_dir() -> None:
     why = None
     if not Path(value).is_dir():
         why = "no such directory" if not Path(value).exists() else "is not a directory"
-    elif not os.access(value, os.W_OK | os.X_OK):
+    elif not os.access(value, os.W_OK | os.X_OK) or not _can_create_in(value):  # root's access() says yes to /proc
         why = "is not writable"
     if why:
         raise ConfigError(
             "TMPDIR", value, f"{why}: builds compile, and packages load, in the temp dir", "environment variable"
         )
+
+
+def _can_create_in(directory: str) -> bool:
+    """Whether a directory takes a new folder, as torch's unpacking makes one."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".flashrt-probe-", dir=directory))
+    except OSError:
+        return False
+    return True

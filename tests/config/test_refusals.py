@@ -319,3 +319,11 @@ def test_repro_sets_aside_every_spelling_of_an_option_that_may_name_code() -> No
                "max_autotune": True}  # fmt: skip
     said = _set_aside_code_options(options)
     assert options == {"aot_inductor": {}, "max_autotune": True} and len(said) == 1 and evil in said[0]
+
+
+def test_a_temp_dir_nothing_can_be_made_in_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashrt_build.runtime.tempdir import check_temp_dir
+
+    monkeypatch.setenv("TMPDIR", "/proc")  # a directory root may "write" by access(), where no folder can be made
+    with pytest.raises(ConfigError, match=r"environment variable 'TMPDIR' = '/proc': is not writable"):
+        check_temp_dir()
