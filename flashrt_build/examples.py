@@ -218,6 +218,12 @@ def main(argv: list[str]) -> int:
     if why is not None:
         print(f"error: {target} {why}; name a new or an empty directory", file=sys.stderr)
         return 2
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: {target} cannot be created ({exc.strerror or exc}); name a new or an empty directory",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if llm:
         save_story_llama(str(target))
         print(f"wrote {target}: build it with flashrt-build +module=causal_lm module.pretrained={target}")

@@ -73,6 +73,9 @@ def build_module(
     label = name if name is not None else _name_of(module)
     dtype = dtype or _floating_dtype(module)
     chosen = [f"weights={weights}", f"target={target}", *([f"target.dtype={dtype}"] if dtype else [])]
+    for key, value in (("output_root", output_root), ("output_dir", output_dir), ("name", name)):
+        if value is not None and (not isinstance(value, (str, Path)) or not str(value)):
+            raise TypeError(f"{key}: expected a non-empty path or text, got {value!r}")
     chosen += [f"{key}={value}" for key, value in (("output_root", output_root), ("output_dir", output_dir)) if value]
     cfg = _not_a_release(compose([*chosen, *overrides], config_dir=config_dir))
     examples = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs or ())

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..runtime.threads import THREADS_PER_CORE, max_threads, threads_expected
-from .text import MAX_SEED, argument, parse_ids
+from .text import MAX_SEED, argument, parse_ids, utf8
 
 PROG = "python -m flashrt_build.generate"
 DESCRIPTION = (
@@ -94,6 +94,8 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise argument("--stop", args.stop[0], "stop strings are text; --prompt-ids prints token ids")
     if any(not stop for stop in args.stop):
         raise argument("--stop", "", "expected a non-empty string")
+    for stop in args.stop:  # bytes that are not UTF-8 reach argv as surrogates: a stop that never matches
+        utf8(stop, "--stop")
     if args.interactive and args.json:
         raise argument("--json", True, "prints one generation's record; --interactive holds a conversation")
     if args.prompt_ids is not None:

@@ -158,6 +158,9 @@ def code_options(options: Mapping[str, Any]) -> list[str]:
     code); `cpp.cxx` aside, which every build refuses itself."""
     found = []
     for name, value in options.items():
+        if name.startswith("trace.") and value:  # Inductor's trace writes its files where it runs
+            found.append(name)
+            continue
         if value is None or isinstance(value, (bool, int, float)) or name == "cpp.cxx":  # refused wherever it is
             continue
         word = WORD_OPTIONS.get(name)

@@ -14,8 +14,9 @@ from ..errors import ConfigError
 from ..runtime.dtypes import ALIASES, INTEGER
 
 # Names that become file and directory names: module names, variants, input names.
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` takes a name ending in a newline
 MAX_NAME = 96  # a folder name: a file name holds 255 bytes, and the lock and staging names add to it
+NAME_RULE = f"at most {MAX_NAME} letters, digits, '_', '.', '-', the first a letter or digit"
 
 
 @dataclass(frozen=True)

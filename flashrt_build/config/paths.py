@@ -14,7 +14,7 @@ from typing import Any
 from ..artifact import STORE_DIR, build_in, foreign_entries
 from ..errors import ConfigError
 from ..runtime.tempdir import check_temp_dir as check_temp_dir  # the config checks it before a build
-from .inputs import MAX_NAME, NAME
+from .inputs import MAX_NAME, NAME, NAME_RULE
 from .problems import Problems
 
 
@@ -164,7 +164,7 @@ def resolve_outputs(config: Mapping[str, Any], cwd: Path, problems: Problems) ->
     may replace; every problem added to `problems`."""
     variant = config.get("variant")
     if variant is not None and (not NAME.match(str(variant)) or len(str(variant)) > MAX_NAME):
-        problems.append(ConfigError("variant", variant, f"expected at most {MAX_NAME} letters, digits, '_', '.', '-'"))
+        problems.append(ConfigError("variant", variant, f"expected {NAME_RULE}"))
     output_dir = problems.check(derive_output_dir, config, cwd)
     before = len(problems)
     output_root = (cwd / Path(config["output_root"]).expanduser()).resolve()

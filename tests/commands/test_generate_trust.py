@@ -276,6 +276,8 @@ def test_a_prompt_that_is_not_utf8_is_named(llama_lm_build: LlamaBuild) -> None:
     )
     system = generate_cli(llama_lm_build[0].output_dir, "--prompt", "ab", "--chat", "--system", b"\xff")
     assert system.returncode == 2 and one_line(system).startswith("ConfigError: argument '--system' = b'\\xff'")
+    stop = generate_cli(llama_lm_build[0].output_dir, "--prompt", "ab", "--stop", b"\xff")
+    assert stop.returncode == 2 and one_line(stop).startswith("ConfigError: argument '--stop' = b'\\xff'")
     empty = generate_cli(llama_lm_build[0].output_dir, "--prompt-file", "/dev/null")
     assert one_line(empty).startswith("ConfigError: argument '--prompt-file' = '/dev/null': encodes to no tokens")
 

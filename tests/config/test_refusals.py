@@ -327,3 +327,29 @@ def test_a_temp_dir_nothing_can_be_made_in_is_named(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("TMPDIR", "/proc")  # a directory root may "write" by access(), where no folder can be made
     with pytest.raises(ConfigError, match=r"environment variable 'TMPDIR' = '/proc': is not writable"):
         check_temp_dir()
+
+
+def test_names_say_their_rule_and_a_trailing_newline_is_no_name(tmp_path: Path) -> None:
+    from flashrt_build.config.inputs import NAME
+    from flashrt_build.config.spec import resolve_spec
+
+    assert NAME.match("net") and not NAME.match("net\n")
+    with pytest.raises(ConfigError, match=r"'module.name' = '.hidden': expected .* the first a letter or digit"):
+        resolve_spec(compose(["+module=mlp", "module.name=.hidden", f"output_root={tmp_path}"]))
+
+
+def test_inductors_trace_writes_files_so_repro_sets_it_aside() -> None:
+    from flashrt_build.config.compiler import code_options
+
+    assert code_options({"trace.enabled": True, "trace.debug_dir": None, "max_autotune": True}) == ["trace.enabled"]
+    assert code_options({"trace.enabled": False}) == []
+
+
+def test_examples_names_a_directory_it_cannot_create(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    done = subprocess.run(
+        [sys.executable, "-m", "flashrt_build.examples", "--llm", str(tmp_path / "notes.txt" / "sub")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "cannot be created" in done.stderr and "Traceback" not in done.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"

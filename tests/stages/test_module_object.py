@@ -201,6 +201,10 @@ def test_arguments_a_python_user_gets_wrong_are_named(tmp_path: Path) -> None:
         flashrt_build.build(Scaled(), example_inputs=examples(), overrides=["module.name=zzz"])
     with pytest.raises(TypeError, match=r"got the class Scaled: build\(Scaled\(...\), ...\)"):
         flashrt_build.build(Scaled, example_inputs=examples())
+    with pytest.raises(TypeError, match=r"output_root: expected a non-empty path or text, got 5"):
+        flashrt_build.build(Scaled(), example_inputs=examples(), output_root=5)
+    with pytest.raises(TypeError, match=r"name: expected a non-empty path or text, got ''"):
+        flashrt_build.build(Scaled(), example_inputs=examples(), name="")
     assert not list(tmp_path.iterdir())
 
 
