@@ -36,6 +36,7 @@ def normal(line: str) -> str:
     line = re.sub(r"flashrt-repro-\w+", "flashrt-repro-X", line)
     line = re.sub(r"\b[0-9a-f]{12,}\b", "HEX", line)
     line = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", line)
+    line = re.sub(r"\bthreads?\b", "threads", line)  # how many a busy machine gives: 1 thread, 2 threads
     return " ".join(line.split())
 
 
