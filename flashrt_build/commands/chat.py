@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any, NamedTuple
 
+from ..runtime.sampling import system_seed
 from ..runtime.sizes import PromptRefused
 from .text import MAX_PROMPT_BYTES, Stream, chat_ids, check_vocabulary, encode, utf8
 
@@ -58,7 +59,7 @@ def converse(args: argparse.Namespace, model: Any, tokenizer: Any, run: Any, roo
     the new tokens that fit after a prompt (and why fewer), `options` the generation's."""
     conversation = Conversation(tokenizer, args)
     if options.get("temperature", 0) > 0 and options.get("seed") is None:  # one seed the whole conversation
-        options["seed"] = int.from_bytes(os.urandom(4), "little")
+        options["seed"] = system_seed()
         print(f"seed: {options['seed']} (--seed {options['seed']} repeats this conversation)", file=sys.stderr)
     for line in _turns():
         if not isinstance(line, str):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any, overload
 
 import torch
 
-from .sampling import chooser, penalised
+from .sampling import chooser, penalised, system_seed
 from .sizes import PromptRefused, built_sizes, check_request, declared_inputs, model_positions
 from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer, token_ids
 
@@ -138,7 +137,7 @@ def generate_ids(
     _check_options(seed, on_token=on_token, stop=stop)
     _check_fits(model, prompt, max_new_tokens, (prefill, decode, position), cached)
     if temperature > 0 and seed is None:
-        seed = int.from_bytes(os.urandom(4), "little")
+        seed = system_seed()
     choose = _choosing(prompt, temperature, top_k, top_p, seed, repetition_penalty)
     ends = _ends(eos, prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)

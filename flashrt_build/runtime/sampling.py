@@ -5,11 +5,17 @@ repetition penalty over the tokens seen."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
 
 __all__ = ["chooser", "penalised"]
+
+
+def system_seed() -> int:
+    """A seed from the system, for sampling not seeded by the caller (said, so a run can be repeated)."""
+    return int.from_bytes(os.urandom(4), "little")
 
 
 def chooser(
