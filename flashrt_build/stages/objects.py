@@ -103,7 +103,7 @@ def class_sources(module: torch.nn.Module) -> list[str]:
         if cls.__module__.split(".")[0] in ("torch", "builtins"):
             continue
         source = source_file(cls)
-        if source and Path(source).is_file():
+        if source:
             files.add(source)
     return sorted(files)
 
@@ -115,7 +115,6 @@ def object_record(digest: str) -> dict[str, Any] | None:
     if found is None:
         return None
     source = source_file(type(found))
-    source = source if source and Path(source).is_file() else None  # `python - < file`: '<stdin>', no file
     return {
         "class": real_name(type(found)),
         "source_file": source,

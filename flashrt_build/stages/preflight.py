@@ -13,6 +13,7 @@ import inspect
 import pkgutil
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -110,11 +111,13 @@ def real_name(obj: Any) -> str | None:
 
 def source_file(obj: Any) -> str | None:
     """The file an object's code is in, or None where it has none (a builtin,
-    a class defined in `python -c` or a notebook's kernel)."""
+    a class defined in `python -c`, a notebook's kernel or `python - < file`,
+    whose '<stdin>' is no file)."""
     try:
-        return inspect.getsourcefile(obj)
+        source = inspect.getsourcefile(obj)
     except (TypeError, OSError):
         return None
+    return source if source and Path(source).is_file() else None
 
 
 def check_targets(spec: BuildSpec) -> None:
