@@ -105,13 +105,26 @@ def _set_aside_code_options(options: Any) -> list[str]:
     if not isinstance(options, dict):  # a forged manifest's: the build's own check names it
         return []
     said = []
-    while names := code_options(flatten_options(options)):  # every spelling: dotted, nested, or both at once
-        for name in names:
-            value = _pop_every_spelling(options, name.split("."))
-            said.append(f"the release's Inductor option {name}={value} is not used (it may name code): --trust uses it")
-        if code_options(flatten_options(options)) == names:  # a spelling this cannot remove: use none of them
-            options.clear()
+    for name in code_options(flatten_options(options)):  # every spelling: dotted, nested, or both at once
+        value = _pop_every_spelling(options, name.split("."))
+        said.append(f"the release's Inductor option {name}={value} is not used (it may name code): --trust uses it")
     return said
+
+
+def _pop_every_spelling(node: dict[str, Any], parts: list[str]) -> Any:
+    """Remove an option from nested options under every spelling of its
+    dotted name (`a.b.c`, `{a: {b.c}}`, `{a.b: {c}}`, ...); the last value found."""
+    found = None
+    for i in range(1, len(parts) + 1):
+        key = ".".join(parts[:i])
+        if key not in node:
+            continue
+        if i == len(parts):
+            found = node.pop(key)
+        elif isinstance(node[key], dict):
+            inner = _pop_every_spelling(node[key], parts[i:])
+            found = inner if inner is not None else found
+    return found
 
 
 def check_inputs(manifest: dict[str, Any]) -> None:
@@ -156,19 +169,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _pop_every_spelling(node: dict[str, Any], parts: list[str]) -> Any:
-    """Remove an option from nested options under every spelling of its
-    dotted name (`a.b.c`, `{a: {b.c}}`, `{a.b: {c}}`, ...); the last value found."""
-    found = None
-    for i in range(1, len(parts) + 1):
-        key = ".".join(parts[:i])
-        if key not in node:
-            continue
-        if i == len(parts):
-            found = node.pop(key)
-        elif isinstance(node[key], dict):
-            inner = _pop_every_spelling(node[key], parts[i:])
-            found = inner if inner is not None else found
-    return found
