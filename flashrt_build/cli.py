@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config.command_line import check_command_line, flags_first
 from .config.compose import CONF_DIR, Naming, users_configs_first
-from .config.inputs import MAX_NAME, NAME
+from .config.inputs import is_name
 from .config.naming import group_overrides
 from .config.paths import check_writable
 from .config.schema import register_schema
@@ -52,7 +52,7 @@ def logs_name(name: object) -> str:
     """The module's name as a folder of Hydra's run logs, when it is a valid
     name: `module.name=../../evil` is refused by the build, and must not
     have put Hydra's logs two levels above the output root first."""
-    return name if isinstance(name, str) and NAME.match(name) and len(name) <= MAX_NAME else "invalid-module-name"
+    return name if is_name(name) else "invalid-module-name"
 
 
 # conf/hydra/launcher/parallel.yaml and conf/config.yaml. Registered on import:

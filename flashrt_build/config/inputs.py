@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..artifact import SINGLE_MODEL
 from ..errors import ConfigError
@@ -17,6 +17,11 @@ from ..runtime.dtypes import ALIASES, INTEGER
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` takes a name ending in a newline
 MAX_NAME = 96  # a folder name: a file name holds 255 bytes, and the lock and staging names add to it
 NAME_RULE = f"at most {MAX_NAME} letters, digits, '_', '.', '-', the first a letter or digit"
+
+
+def is_name(text: object) -> TypeGuard[str]:
+    """Whether `text` may name a folder: NAME's characters, at most MAX_NAME of them."""
+    return isinstance(text, str) and NAME.match(text) is not None and len(text) <= MAX_NAME
 
 
 @dataclass(frozen=True)

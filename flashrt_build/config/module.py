@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..runtime.formats import Checkpoint, resolve_checkpoint
 from .files import InputFile, checkpoint_files, served_files
-from .inputs import MAX_NAME, NAME, NAME_RULE, MethodSpec, resolve_methods
+from .inputs import NAME_RULE, MethodSpec, is_name, resolve_methods
 from .problems import Problems
 from .remote_code import remote_code_problems
 from .targets import allow_list_refusal, allowed_targets, find_targets, target_allowed
@@ -41,7 +41,7 @@ def resolve_module(config: dict[str, Any], cwd: Path, problems: Problems) -> Mod
     module = config["module"]
     record_absolute_paths(module, cwd)
     name = module["name"]
-    if not isinstance(name, str) or not NAME.match(name) or len(name) > MAX_NAME:
+    if not is_name(name):
         problems.append(ConfigError("module.name", name, f"expected {NAME_RULE}"))
     model = module["model"]
     target = model.get("_target_") if isinstance(model, dict) else None

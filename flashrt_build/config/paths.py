@@ -14,7 +14,7 @@ from typing import Any
 from ..artifact import STORE_DIR, build_in, foreign_entries
 from ..errors import ConfigError
 from ..runtime.tempdir import check_temp_dir as check_temp_dir  # the config checks it before a build
-from .inputs import MAX_NAME, NAME, NAME_RULE
+from .inputs import MAX_NAME, NAME, NAME_RULE, is_name
 from .problems import Problems
 
 
@@ -151,7 +151,7 @@ def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:
         parts.append(config["variant"])
     leaf = "-".join(parts)
     name = config["module"]["name"]
-    if not NAME.match(name) or len(name) > MAX_NAME or not NAME.match(leaf) or len(leaf) > 2 * MAX_NAME:
+    if not is_name(name) or not NAME.match(leaf) or len(leaf) > 2 * MAX_NAME:
         return root / "invalid"  # module.name or variant is reported by resolve_spec
     path = (root / name / leaf).resolve()
     if root not in path.parents:
@@ -163,7 +163,7 @@ def resolve_outputs(config: Mapping[str, Any], cwd: Path, problems: Problems) ->
     """(output_root, output_dir), each writable, the output dir one a build
     may replace; every problem added to `problems`."""
     variant = config.get("variant")
-    if variant is not None and (not NAME.match(str(variant)) or len(str(variant)) > MAX_NAME):
+    if variant is not None and not is_name(str(variant)):
         problems.append(ConfigError("variant", variant, f"expected {NAME_RULE}"))
     output_dir = problems.check(derive_output_dir, config, cwd)
     before = len(problems)
