@@ -2,6 +2,7 @@
 # Issue 37's GPU figures still to measure, as one device call that fits its limit:
 #
 #   bash bench/device_run.sh SECONDS STEP...      e.g.  bash bench/device_run.sh 580 decode prefill quant_decode
+#   bash bench/device_run.sh 580 goals            # every speed goal side by side, one call (issue 58)
 #
 # Steps run in the order given, each while time is left (a step started with
 # too little time is skipped, one that runs out is stopped: its log says so).
@@ -29,8 +30,20 @@ bench=(python3 bench/causal_lm.py --work /tmp/w --no-cpp)
 # results named by the card (h100, h200): a run on one kind never overwrites the other's
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 tag=$(case $gpu in *H200*) echo h200 ;; *H100*) echo h100 ;; *) echo gpu ;; esac)
+# goals: every speed goal of issue 58 in one call, as two steps (decode, then prefill), each stopped at what is left
+steps=()
 for step in "$@"; do
+  case $step in goals) steps+=(goals_decode goals_prefill) ;; *) steps+=("$step") ;; esac
+done
+for step in "${steps[@]}"; do
   case $step in
+    goals_decode)  # the shipped bf16 step (passes=llm) against transformers + reduce-overhead, int8_wo and int4_wo beside it
+      cmd=("${bench[@]}" --only decode --passes llm --jobs 3 --out-name causal_lm_goals_decode_$tag
+           --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1"
+           --variant "int4:passes=llm quant=int4_wo quant.max_rel_error=1") ;;
+    goals_prefill)  # int8_wo prefill 512 against bf16's (both passes=llm)
+      cmd=("${bench[@]}" --only prefill --passes llm --no-baseline --jobs 2 --out-name causal_lm_goals_prefill_$tag
+           --variant "int8:passes=llm quant=int8_wo quant.max_rel_error=1") ;;
     decode)  # the decode goal: passes none and llm (the GEMV, the attention kernel and decode's combo kernels on), llm without the GEMV, without combo kernels
       cmd=("${bench[@]}" --only decode --passes none,llm --variant "no_gemv:passes=llm passes.gemv=false"
            --variant "no_combo:passes=llm passes.combo_kernels=false"
