@@ -11,6 +11,7 @@ config checks and the runtime included.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,16 @@ def _not_as_written(
 def build_in(directory: Path) -> dict[str, Any] | None:
     """The manifest of the build `directory` holds, or None where it holds none."""
     return _read_manifest(directory / MANIFEST)
+
+
+def enclosing_build(path: Path) -> Path | None:
+    """The artifact folder `path` would be inside, or None: an artifact
+    holding entries its build did not write refuses to serve, so nothing of
+    this tool's is written into one."""
+    for parent in Path(os.path.abspath(path)).parents:
+        if build_in(parent) is not None:
+            return parent
+    return None
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:

@@ -20,6 +20,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .artifact import enclosing_build
+
 
 class MLP(nn.Module):
     """A two-layer perceptron with a layer norm, a registered buffer and a
@@ -239,6 +241,9 @@ def _not_writable_here(target: Path) -> str | None:
     would replace a model's of the same names and leave the rest beside them."""
     if target.is_symlink() and not target.exists():
         return "is a link to nothing"
+    inside = enclosing_build(target)
+    if inside is not None:
+        return f"is inside {inside}, a build's artifact, which would then refuse to serve"
     if not target.exists():
         return None
     if not target.is_dir():

@@ -13,9 +13,10 @@ import os
 import sys
 from typing import Any, NamedTuple
 
+from ..errors import ConfigError
 from ..runtime.sampling import system_seed
 from ..runtime.sizes import PromptRefused
-from .text import MAX_PROMPT_BYTES, Stream, chat_ids, check_vocabulary, encode, utf8
+from .text import MAX_PROMPT_BYTES, Stream, chat_ids, check_text_length, check_vocabulary, encode, utf8
 
 RESET = "/reset"
 
@@ -70,6 +71,11 @@ def converse(args: argparse.Namespace, model: Any, tokenizer: Any, run: Any, roo
             print("(the conversation starts over)", file=sys.stderr)
             continue
         if not line.strip():
+            continue
+        try:
+            check_text_length(line, tokenizer, model.manifest, "--interactive", line)
+        except ConfigError as refused:
+            print(f"that line {refused.expected}, so it was not said", file=sys.stderr)
             continue
         ids = conversation.prompt(line)
         check_vocabulary(ids, model.manifest, "--interactive", line)

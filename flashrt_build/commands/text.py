@@ -46,6 +46,7 @@ def prompt_ids(args: argparse.Namespace, manifest: dict[str, Any]) -> tuple[Any,
     flag, given = ("--prompt", args.prompt) if args.prompt is not None else ("--prompt-file", str(args.prompt_file))
     text = utf8(args.prompt) if args.prompt is not None else _read_prompt(args.prompt_file)
     tokenizer = served_tokenizer(args.output_dir, chat=args.chat, prompt=flag)
+    check_text_length(text, tokenizer, manifest, flag, given)
     ids = _chat_ids(tokenizer, text, args.output_dir, args.system) if args.chat else encode(tokenizer, text)
     if not ids:
         raise argument(flag, given, "encodes to no tokens; the package needs at least one")
@@ -131,6 +132,23 @@ def _template_source(output_dir: Path) -> Path:
         if (output_dir / name).is_file():
             return output_dir / name
     return output_dir / "tokenizer_config.json"
+
+
+def check_text_length(text: str, tokenizer: Any, manifest: dict[str, Any], flag: str, given: str) -> None:
+    """Text longer than any prompt of the package's cache could be, whatever
+    its tokens (each covers at most its vocabulary's longest token), refused
+    before the tokenizer holds it: tokenizers aborts the whole process when
+    its memory runs out."""
+    position = next((i for i in manifest_methods(manifest).get("decode", {}).get("inputs", [])
+                     if i.get("name") == "position"), None)  # fmt: skip
+    if position is None or position.get("high") is None or len(text) <= MAX_PROMPT_BYTES >> 6:
+        return  # short text: tokenized in no time and no memory
+    longest = max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=1)
+    bound = int(position["high"]) * longest * 4  # 4: normalizers may drop characters before tokens are cut
+    if len(text) > bound:  # characters: each is at least one byte
+        shown = given if given != text else f"{text[:40]}... ({len(text)} characters)"  # a path, or the text
+        raise argument(flag, shown, f"is longer than any prompt of the package's {position['high']} positions "
+                       f"could be ({bound} characters at most: its longest token has {longest} bytes)")  # fmt: skip
 
 
 def check_vocabulary(ids: list[int], manifest: dict[str, Any], flag: str, given: str) -> None:

@@ -83,16 +83,27 @@ def inductor_option_nodes(config: Mapping[str, Any]) -> list[tuple[str, Mapping[
     dotted), by its key: the `inductor` group's and a quant recipe's, each
     for all methods and per method."""
     found: list[tuple[str, Mapping[str, Any]]] = []
+    quant = config.get("quant") or {}
     for group, node in (
-        ("quant.inductor", (config.get("quant") or {}).get("inductor")),
+        ("quant.inductor", quant.get("inductor") if isinstance(quant, Mapping) else None),
         ("inductor", config.get("inductor")),
     ):
-        node = node or {}
-        found.append((f"{group}.options", node.get("options") or {}))
-        for method, options in (node.get("methods") or {}).items():
+        node = _mapping(group, node)
+        found.append((f"{group}.options", _mapping(f"{group}.options", node.get("options"))))
+        for method, options in _mapping(f"{group}.methods", node.get("methods")).items():
             if isinstance(options, Mapping):
                 found.append((f"{group}.methods.{method}", options))
     return found
+
+
+def _mapping(key: str, node: Any) -> Mapping[str, Any]:
+    """A node of Inductor options, or nothing; anything else (a forged
+    manifest's list, say) is named, never walked as options."""
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise ConfigError(key, node, "expected a mapping of names to values")
+    return node
 
 
 def flatten_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..runtime.manifest import CAUSAL_LM_KEYS
 from .schema import BuildConfig
 
 
@@ -37,6 +38,22 @@ def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:
     problems: list[ConfigError] = []
     _walk(config, BuildConfig, [], problems)
     return problems
+
+
+def unread_module_keys(module: Mapping[str, Any]) -> list[ConfigError]:
+    """causal_lm's keys set (not null) on a module whose config reads none of
+    them through `${module.KEY}` (`+module=mlp module.batch=2`): they would
+    change the build's folder and key and nothing else. `module` unresolved,
+    as composed; a causal_lm config that dropped a method (and its reads of
+    max_prompt) still takes them all."""
+    others = repr({key: value for key, value in module.items() if key not in CAUSAL_LM_KEYS})
+    if any(f"module.{key}" in others for key in CAUSAL_LM_KEYS):
+        return []
+    return [
+        ConfigError(f"module.{key}", module[key], "is a +module=causal_lm key; this module's config never reads it")
+        for key in CAUSAL_LM_KEYS
+        if module.get(key) is not None
+    ]
 
 
 def _walk(value: Any, node: Any, path: list[str], problems: list[ConfigError]) -> None:

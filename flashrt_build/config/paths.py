@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..artifact import STORE_DIR, build_in, foreign_entries
+from ..artifact import STORE_DIR, build_in, enclosing_build, foreign_entries
 from ..errors import ConfigError
 from ..runtime.tempdir import check_temp_dir as check_temp_dir  # the config checks it before a build
 from .inputs import MAX_NAME, NAME, NAME_RULE, is_name
@@ -68,6 +68,12 @@ def check_output_dir(output_dir: Path, output_root: Path, cwd: Path, given: str 
                 f"{relation} {what} ({place}); a build replaces its output directory whole, "
                 "so give it a directory of its own",
             )
+    inside = enclosing_build(output_dir)
+    if inside is not None:
+        raise ConfigError(
+            "output_dir", shown, f"is inside {inside}, another build's artifact, which would then refuse to serve "
+            "(it holds only what its build wrote): give a directory outside it"
+        )  # fmt: skip
     refuse_foreign(output_dir, shown)
 
 
@@ -121,8 +127,11 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
         try:
             OmegaConf.load(file)
             top = yaml.safe_load(file.read_bytes())
+        except RecursionError:
+            raise ConfigError(key, str(path), f"{file} holds a YAML alias that contains itself") from None
         except Exception as exc:
             why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            why = why if len(why) <= 300 else why[:300] + " ..."  # one line, whatever the parser quotes
             raise ConfigError(key, str(path), f"{file} is not valid YAML: {why}") from None
         if top is not None and not isinstance(top, dict):  # OmegaConf would read a text as a key named by all of it
             raise ConfigError(key, str(path), f"{file} holds a {type(top).__name__}, not a mapping of config keys")

@@ -39,10 +39,13 @@ LlamaBuild = tuple[flashrt_build.BuildResult, Path]
 G = [sys.executable, "-m", "flashrt_build.generate"]
 
 
-def generate_cli(*args: str | bytes | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def generate_cli(
+    *args: str | bytes | Path, env: dict[str, str] | None = None, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """G in a fresh process, as users see it (no traceback asked for)."""
     done = subprocess.run(
         [*G, *(a if isinstance(a, bytes) else str(a) for a in args)],
+        input=None if input_text is None else input_text.encode(),
         capture_output=True,
         timeout=300,
         cwd=REPO,
@@ -744,3 +747,17 @@ def test_the_apis_arguments_are_named_before_any_call(llama_lm_build: LlamaBuild
         flashrt_build.build("+module=mlp")
     with pytest.raises(flashrt_build.ConfigError, match=r"config key 'module' = 'mlp': Invalid type"):
         flashrt_build.build({"module": "mlp"})
+
+
+@pytest.mark.slow
+def test_text_longer_than_any_prompt_the_cache_holds_is_refused_before_it_is_tokenized(
+    llama_lm_build: LlamaBuild, tmp_path: Path
+) -> None:
+    """A tokenizer that runs out of memory aborts the process (rc 134), whatever Python catches."""
+    result, _ = llama_lm_build
+    big = tmp_path / "big.txt"
+    big.write_text("a" * (2 << 20))
+    line = one_line(generate_cli(result.output_dir, "--prompt-file", big, "--max-new-tokens", "2"))
+    assert f"argument '--prompt-file' = '{big}'" in line and "is longer than any prompt of the package's" in line
+    done = generate_cli(result.output_dir, "--interactive", "--max-new-tokens", "1", input_text="a" * (2 << 20) + "\n")
+    assert done.returncode == 0 and "that line is longer than any prompt of the package's" in done.stderr

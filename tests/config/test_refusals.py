@@ -353,3 +353,43 @@ def test_examples_names_a_directory_it_cannot_create(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2 and "cannot be created" in done.stderr and "Traceback" not in done.stderr
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_repro_names_a_forged_manifests_methods_that_are_no_mapping() -> None:
+    from flashrt_build.commands.repro import untrusted
+
+    config = {"inductor": {"options": {}, "methods": [{"aot_inductor.compile_wrapper_opt_level": "O1 -wrapper x"}]}}
+    with pytest.raises(ConfigError, match=r"'inductor.methods' = .*expected a mapping of names to values"):
+        untrusted(config)
+
+
+def test_an_llm_key_on_a_module_that_never_reads_it_is_refused(tmp_path: Path) -> None:
+    from flashrt_build.config.spec import resolve_spec
+
+    with pytest.raises(
+        ConfigError, match=r"'module.max_cache_len' = 7: is a \+module=causal_lm key; this module's config nev"
+    ):
+        resolve_spec(compose(["+module=mlp", "module.max_cache_len=7", f"output_root={tmp_path}"]))
+    (tmp_path / "module").mkdir()  # a user's module that reads module.batch through its own interpolation
+    (tmp_path / "module" / "batched.yaml").write_text(
+        "name: batched\nbatch: 3\nmodel: {_target_: flashrt_build.examples.MLP}\n"
+        "inputs: {x: {shape: ['${module.batch}', 16]}}\n"
+    )
+    spec = resolve_spec(compose(["+module=batched", f"output_root={tmp_path}"], config_dir=tmp_path))
+    assert spec.inputs[0].shape == (3, 16)
+
+
+def test_nothing_is_written_inside_another_builds_artifact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An artifact that holds entries its build did not write refuses to serve."""
+    from flashrt_build.artifact import MANIFEST, SCHEMA
+    from flashrt_build.config.spec import resolve_spec
+    from flashrt_build.examples import main as examples
+
+    artifact = tmp_path / "served"
+    artifact.mkdir()
+    (artifact / MANIFEST).write_text(json.dumps({"schema": SCHEMA}))
+    with pytest.raises(ConfigError, match=rf"'output_dir' = '{artifact}/sub': is inside {artifact}, another build's"):
+        resolve_spec(compose(["+module=mlp", f"output_dir={artifact}/sub", f"output_root={tmp_path}"]))
+    assert examples(["--llm", str(artifact / "ex" / "deeper")]) == 2
+    assert f"is inside {artifact}, a build's artifact" in capsys.readouterr().err
+    assert sorted(p.name for p in artifact.iterdir()) == [MANIFEST]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -415,6 +416,20 @@ def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> No
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a directory of configs"):
         compose(["+module=mlp"], config_dir=tmp_path / "f")
+
+    (tmp_path / "alias" / "module").mkdir(parents=True)
+    (tmp_path / "alias" / "module" / "alias.yaml").write_text("a: &a [*a]\n")
+    looped = config_error_of(lambda: compose(["+module=alias"], config_dir=tmp_path / "alias"))
+    assert str(looped).endswith("alias.yaml holds a YAML alias that contains itself") and len(str(looped)) < 300
+    (tmp_path / "bad" / "module").mkdir(parents=True)
+    (tmp_path / "bad" / "module" / "bad.yaml").write_text("a: [" + "x, " * 5000)
+    assert len(str(config_error_of(lambda: compose(["+module=bad"], config_dir=tmp_path / "bad")))) < 600
+
+
+def config_error_of(call: Callable[[], object]) -> ConfigError:
+    with pytest.raises(ConfigError) as raised:
+        call()
+    return raised.value
 
 
 def shadowing_conf(conf: Path) -> Path:

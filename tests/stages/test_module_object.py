@@ -13,7 +13,7 @@ from torch.export import Dim
 
 import flashrt_build
 from flashrt_build.errors import ConfigError
-from flashrt_build.stages.objects import graph_code, object_digest
+from flashrt_build.stages.objects import GIVEN, graph_code, object_digest
 
 
 class Scaled(torch.nn.Module):
@@ -205,11 +205,15 @@ def test_arguments_a_python_user_gets_wrong_are_named(tmp_path: Path) -> None:
         flashrt_build.build(Scaled(), example_inputs=examples(), output_root=5)
     with pytest.raises(TypeError, match=r"name: expected a non-empty path or text, got ''"):
         flashrt_build.build(Scaled(), example_inputs=examples(), name="")
+    with pytest.raises(ConfigError, match=r"'overrides' = \['output_root=k3'\]: output_root is given as a keyword too"):
+        flashrt_build.build(
+            Scaled(), example_inputs=examples(), output_root=tmp_path / "k2", overrides=["output_root=k3"]
+        )
     assert not list(tmp_path.iterdir())
 
 
 def test_a_config_error_about_the_examples_names_the_argument_they_came_from() -> None:
-    from flashrt_build.module_object import as_argument
+    from flashrt_build.object_inputs import as_argument
 
     names = ["ids", "scale"]
     for key, argument in [
@@ -222,6 +226,22 @@ def test_a_config_error_about_the_examples_names_the_argument_they_came_from() -
         assert (named.kind, named.key, named.expected) == ("argument", argument, "expected less")
     other = ConfigError("verify.rtol", 1, "expected less")
     assert as_argument(other, names) is other
+    occupied = ConfigError("output_dir", "L", f"holds the build of /m, another model than {GIVEN}: keep both with "
+                           "module.name=NAME (or output_dir=DIR)")  # fmt: skip
+    named = as_argument(occupied, names, "pkg.Net")
+    assert (named.kind, named.key) == ("argument", "output_dir")
+    assert named.expected.startswith(
+        "holds the build of /m, another model than the pkg.Net object: keep both with name="
+    )
+
+
+def test_a_stage_error_about_an_example_names_the_argument_it_came_from() -> None:
+    from flashrt_build.object_inputs import inputs_as_arguments
+
+    said = inputs_as_arguments(
+        "could not allocate the example input module.inputs.scale of shape [9]", ["ids", "scale"]
+    )
+    assert said == "could not allocate the example input example_inputs[1] (scale) of shape [9]"
 
 
 @pytest.mark.slow
