@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from .config.command_line import check_command_line, flags_first
 from .config.compose import CONF_DIR, Naming, users_configs_first
 from .config.inputs import is_name
-from .config.naming import group_overrides
+from .config.naming import group_overrides, names_nothing
 from .config.paths import check_writable
 from .config.schema import register_schema
 from .errors import ConfigError, Interrupted, exit_interrupted, quiet_known_warnings, stop_on_signals
@@ -62,13 +63,16 @@ OmegaConf.register_new_resolver("flashrt_logs_root", logs_root, replace=True)
 OmegaConf.register_new_resolver("flashrt_logs_name", logs_name, replace=True)
 
 
-def _baseline() -> DictConfig:
+def _baseline(cfg: DictConfig) -> DictConfig:
     """This job's config from its config-file choices alone (`+module=mlp`,
     `quant=int8_wo`), without its other overrides: what the variant names
-    the differences from."""
+    the differences from (`cfg` itself where they set nothing it names)."""
     hydra_cfg = HydraConfig.get()
     loader = GlobalHydra.instance().config_loader()
-    chosen = group_overrides(list(hydra_cfg.overrides.task), loader.get_group_options)
+    given = list(hydra_cfg.overrides.task)
+    chosen = group_overrides(given, loader.get_group_options)
+    if names_nothing(given, chosen):  # the variant would be empty: no second compose
+        return cfg
     return loader.load_configuration(hydra_cfg.job.config_name, chosen, RunMode.RUN)
 
 
@@ -82,7 +86,7 @@ def run_job(cfg: DictConfig) -> int:
     """Build one config; return its exit code instead of raising."""
     from .errors import report_failure
 
-    naming = Naming(_baseline(), _config_dir()) if HydraConfig.initialized() else None
+    naming = Naming(_baseline(cfg), _config_dir()) if HydraConfig.initialized() else None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         from .sweep.job import run_sweep_job  # a build per fresh process, a record for the summary
 
@@ -113,6 +117,37 @@ def _with_shadowing(exc: Exception, naming: Naming | None) -> Exception:
     return ConfigError(exc.key, exc.value, exc.expected + note, exc.kind) if note else exc
 
 
+def up_to_date_before_hydra(composed: DictConfig, argv: list[str]) -> bool:
+    """Whether the build is up to date (or filled from the store), said as
+    Hydra's logging would say it, without starting Hydra: the answer needs
+    the config and the key, not a run directory. Anything Hydra itself would
+    do for the run (an override of `hydra.*`, a callback of the user's)
+    leaves the answer to the job; so does any problem, which the job reports."""
+    import logging.config
+
+    from omegaconf import open_dict
+
+    from .cache.plan import make_plan
+    from .cache.reuse import decide
+
+    shipped_callbacks = {"sweep_summary"}
+    if any(arg.lstrip("+~").startswith("hydra") for arg in argv) or set(composed.hydra.callbacks) != shipped_callbacks:
+        return False
+    job_logging = cast(dict[str, Any], OmegaConf.to_container(composed.hydra.job_logging))
+    job_logging["handlers"].pop("file", None)  # the run directory's log: there is no run
+    job_logging["root"]["handlers"] = [h for h in job_logging["root"]["handlers"] if h != "file"]
+    if "${" in repr(job_logging):  # logging of the user's that names Hydra's run
+        return False
+    cfg = composed.copy()
+    with open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        logging.config.dictConfig(job_logging)
+        return decide(make_plan(cfg), say_why=False).built
+    except Exception:  # the job composes it again and says what is wrong
+        return False
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     _job_codes.append(run_job(cfg))
@@ -124,11 +159,13 @@ def main() -> None:
     quiet_known_warnings()
     sys.argv[1:] = flags_first(sys.argv[1:])  # --config-dir after the overrides, as people type it
     try:
-        check_command_line(sys.argv[1:])  # before Hydra runs anything a config names
+        composed = check_command_line(sys.argv[1:])  # before Hydra runs anything a config names
     except ConfigError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     stop_on_signals()
+    if composed is not None and up_to_date_before_hydra(composed, sys.argv[1:]):
+        sys.exit(0)
     try:
         with users_configs_first():
             _hydra_main()

@@ -19,6 +19,7 @@ from .cache.plan import Plan, make_plan
 from .cache.publish import build_lock, publish, staging_dir
 from .cache.reuse import Reuse, check_up_to_date, decide_for_gpu, fill_from_store, keep_built, kept_models
 from .config.schema import BuildConfig
+from .config.spec import check_toolchain
 from .errors import quiet_known_warnings
 from .runtime.gpu import fp32_precision
 from .runtime.manifest import read_manifest, write_manifest
@@ -109,6 +110,7 @@ def build_plan(plan: Plan, decided: Reuse | None = None) -> BuildResult:
     if decided.built:
         assert decided.manifest is not None
         return BuildResult(plan.spec.output_dir, decided.manifest, decided.status)
+    check_toolchain(plan.spec)  # work to do: the compiler must compile
     with fp32_precision(plan.spec.tf32):  # export, compile and verify under the target's TF32 policy
         result = _run_stages(plan)
     plan.remembered.save(create=True)

@@ -86,7 +86,7 @@ def make_plan(cfg: Any, cwd: Path | None = None, naming: Naming | None = None) -
     without torch; `naming`: the command line's, which names its output folder."""
     if naming is not None:
         name_and_place(cfg, naming.baseline, naming.config_dir)
-    spec = resolve_spec(as_build_config(cfg), cwd)
+    spec = resolve_spec(as_build_config(cfg), cwd, probe_compiler=False)  # run by a build: up to date compiles nothing
     use_import_paths(spec.import_paths)  # before anything looks the module's code up
     source = module_source(spec.target)
     toolchain = describe_toolchain(spec.inductor_options.get("cpp.cxx"), None)

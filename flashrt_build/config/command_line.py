@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
 from .compose import CONF_DIR, compose, hydra_loader
@@ -44,18 +44,22 @@ def flags_first(argv: Sequence[str]) -> list[str]:
     return flags + rest
 
 
-def check_command_line(argv: Sequence[str]) -> None:
-    """Raise a ConfigError for what Hydra would refuse, or run unchecked."""
+def check_command_line(argv: Sequence[str]) -> DictConfig | None:
+    """Raise a ConfigError for what Hydra would refuse, or run unchecked. A
+    plain run's config (Hydra's node too) comes back: what Hydra would
+    compose for it, which may answer before Hydra starts (an up-to-date
+    build); None for a sweep, Hydra's own pages or a `--cfg` print."""
     from hydra._internal.utils import get_args_parser
 
     args, _ = get_args_parser().parse_known_args(list(argv))
     if args.config_dir is not None:
         check_config_dir("--config-dir", args.config_dir, own_primary=args.config_name is not None)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.config_name or args.config_path:
-        return  # Hydra's own pages, or a primary config of the user's: Hydra's to compose
+        return None  # Hydra's own pages, or a primary config of the user's: Hydra's to compose
     overrides = list(args.overrides)
     jobs = sweep_jobs(overrides, args.config_dir) if args.multirun else [overrides]
     places: dict[Path, int] = {}  # each job's output directory: two jobs of a sweep never share one
+    cfg = None
     for number, job in enumerate(jobs, 1):
         try:
             cfg = compose(job, config_dir=args.config_dir, with_hydra=True)
@@ -79,6 +83,8 @@ def check_command_line(argv: Sequence[str]) -> None:
                 raise
             where = f" (sweep job {number} of {len(jobs)}: {' '.join(job)})"
             raise ConfigError(exc.key, exc.value, exc.expected + where, exc.kind) from None
+    plain_run = not args.multirun and args.cfg is None and getattr(args, "experimental_rerun", None) is None
+    return cfg if plain_run else None
 
 
 def output_dir_of(cfg: Any) -> Path | None:

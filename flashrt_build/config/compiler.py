@@ -28,16 +28,16 @@ class CompilerSpec:
     quant: QuantRecipe | None = None  # None: weights as the module holds them
 
 
-def resolve_compiler(config: Mapping[str, Any], methods: list[MethodSpec], problems: Problems) -> CompilerSpec:
-    """The `toolchain`, `quant` and `inductor` groups, every problem added to `problems`."""
+def resolve_compiler(
+    config: Mapping[str, Any], methods: list[MethodSpec], problems: Problems, probe: bool = True
+) -> CompilerSpec:
+    """The `toolchain`, `quant` and `inductor` groups, every problem added to
+    `problems`; `probe`: the compiler is run (probe_compiler) here too."""
     cxx = config["toolchain"]["cxx"]
     for where, options in inductor_option_sets(config):
         if "cpp.cxx" in options:  # one place chooses the compiler: checked, keyed as the toolchain, allow-listed
             why = "the C++ compiler is chosen by toolchain.cxx (checked, keyed as the toolchain): set toolchain.cxx=..."
             problems.append(ConfigError(f"{where}.cpp.cxx", options["cpp.cxx"], why))
-    before = len(problems)
-    problems.check(check_compiler, cxx)
-    found = len(problems) == before  # a compiler to ask about -march
     problems.check(check_temp_dir)
     quant = resolve_quant(config["quant"], config["target"]["device"], [m.name for m in methods], problems)
     # The recipe's options first: the inductor group's own win where both set one.
@@ -51,14 +51,24 @@ def resolve_compiler(config: Mapping[str, Any], methods: list[MethodSpec], probl
     per_method = _method_options(config["quant"]["inductor"].get("methods") or {}, methods, problems, "quant.inductor")
     for name, own in _method_options(config["inductor"].get("methods") or {}, methods, problems).items():
         per_method[name] = {**per_method.get(name, {}), **own}
-    march = options.get("cpp.march")
-    if march and found:
+    if probe:
+        probe_compiler(config, options.get("cpp.march"), problems)
+    return CompilerSpec(options, per_method, quant)
+
+
+def probe_compiler(config: Mapping[str, Any], march: Any, problems: Problems) -> None:
+    """The compiler a build would call compiles (with the -march it will be
+    given). Run where there is work to do: an up-to-date answer compiles
+    nothing, and the compiler's identity is in the key already."""
+    cxx = config["toolchain"]["cxx"]
+    before = len(problems)
+    problems.check(check_compiler, cxx)
+    if march and len(problems) == before:  # a compiler to ask about -march
         rejected = march_rejected(compiler_path(cxx), str(march))
         if rejected:
             pinned = config["target"].get("march") or config.get("release")
             key = "target.march" if pinned else "inductor.options.cpp.march"
             problems.append(ConfigError(key, march, f"{compiler_path(cxx)} rejects -march={march}: {rejected}"))
-    return CompilerSpec(options, per_method, quant)
 
 
 def profile_options(config: Mapping[str, Any]) -> dict[str, Any]:

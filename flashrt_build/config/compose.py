@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..errors import ConfigError
 from .hydra_errors import composition_error, null_group
 from .keys import unknown_keys, value_at
-from .naming import group_overrides, variant_of
+from .naming import group_overrides, names_nothing, variant_of
 from .paths import check_config_dir
 from .problems import raise_all
 from .schema import BuildConfig, plain, register_schema
@@ -36,6 +36,8 @@ def as_build_config(cfg: DictConfig | BuildConfig | Mapping[str, Any]) -> DictCo
             f"object, got {type(cfg).__name__} {cfg!r}"
             + (f"; compose([{cfg!r}]) composes it" if isinstance(cfg, str) else "")
         )
+    if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is BuildConfig:
+        return cfg  # composed over the schema already (Hydra's defaults list names it)
     if isinstance(cfg, Mapping) and not isinstance(cfg, DictConfig):
         raise_all(unknown_keys(cfg))  # before the merge, whose message names no close key
     schema = OmegaConf.structured(BuildConfig)
@@ -113,8 +115,8 @@ def compose(
         with hydra_loader(config_dir) as loader:
             cfg = hydra_compose(config_name="config", overrides=given, return_hydra_config=with_hydra)
             chosen = group_overrides(given, loader.get_group_options)
-            # only config files chosen: the baseline is the config itself, no second compose
-            baseline = cfg if chosen == given else hydra_compose(config_name="config", overrides=chosen)
+            # nothing the variant names set: the baseline is the config itself, no second compose
+            baseline = cfg if names_nothing(given, chosen) else hydra_compose(config_name="config", overrides=chosen)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         raise composition_error(exc, given, config_dir) from None
     except ValueError as exc:  # `passes=null`: Hydra's own ValueError, before it composes anything

@@ -58,6 +58,19 @@ def group_overrides(overrides: Sequence[str], is_group: Any) -> list[str]:
     return chosen
 
 
+def names_nothing(overrides: Sequence[str], chosen: Sequence[str]) -> bool:
+    """Whether the overrides beyond the `chosen` config files set only keys
+    the variant never names (`output_root=...`, `verify.rtol=...`): then the
+    config is its own baseline, and composing it again would change nothing."""
+    for override in overrides:
+        if override in chosen:
+            continue
+        key = override.partition("=")[0].lstrip("+~")
+        if not any(key == unnamed or key.startswith(f"{unnamed}.") for unnamed in UNNAMED):
+            return False
+    return True
+
+
 def _differences(config: Any, baseline: Any, key: str) -> Iterator[tuple[str, Any]]:
     if key in UNNAMED:
         return

@@ -20,7 +20,7 @@ from ..artifact import SINGLE_MODEL, default_method, tf32_policy
 from ..errors import ConfigError
 from ..runtime.dtypes import DEFAULT_TOLERANCES, FLOATING
 from ..runtime.formats import Checkpoint
-from .compiler import flatten_options, profile_options, resolve_compiler
+from .compiler import flatten_options, probe_compiler, profile_options, resolve_compiler
 from .files import InputFile, model_files
 from .inputs import InputSpec, MethodSpec, canonical_dtype
 from .keys import unknown_keys, unread_module_keys
@@ -139,10 +139,11 @@ class BuildSpec:
         return self.methods[0].model != SINGLE_MODEL
 
 
-def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
+def resolve_spec(cfg: DictConfig, cwd: Path | None = None, probe_compiler: bool = True) -> BuildSpec:
     """Validate a composed config and resolve it into a `BuildSpec`, one
     config group after another; every problem is collected and all of them
-    are raised as one ConfigError."""
+    are raised as one ConfigError. `probe_compiler`: run the C++ compiler
+    too (a plan leaves that to the build: `check_compiler`)."""
     cwd = cwd or Path.cwd()
     config = resolved_config(cfg)
     problems = Problems()
@@ -150,7 +151,7 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
     device, dtype, tf32 = resolve_target(config["target"], problems)
     checks = resolve_checks(config, device, dtype, tf32, problems)
     switches: dict[str, Any] = {switch: bool(config["passes"][switch]) for switch in PASS_SWITCHES}
-    compiler = resolve_compiler(config, module.methods, problems)
+    compiler = resolve_compiler(config, module.methods, problems, probe_compiler)
     output_root, output_dir = resolve_outputs(config, cwd, problems)
     named = {config["module"]["pretrained"]: "module.pretrained"} if config["module"].get("pretrained") else {}
     files = module.files + (problems.check(model_files, module.model, cwd, output_root, named) or [])
@@ -190,6 +191,14 @@ def resolve_spec(cfg: DictConfig, cwd: Path | None = None) -> BuildSpec:
         target_name=str(config["target"]["name"]),
         **checks,
     )
+
+
+def check_toolchain(spec: BuildSpec) -> None:
+    """The compiler the build will call compiles: a ConfigError naming the
+    key that chose it, before any work (resolve_spec's probe, for a plan)."""
+    problems = Problems()
+    probe_compiler(spec.config, spec.inductor_options.get("cpp.march"), problems)
+    problems.raise_all()
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

@@ -41,6 +41,24 @@ def test_the_cli_no_op_imports_no_torch(mlp_build: flashrt_build.BuildResult) ->
     assert "hydra" in imported and not [m for m in imported if m == "torch" or m.startswith("torch.")]
 
 
+def test_a_no_op_is_answered_before_hydra_runs_and_runs_no_compiler(
+    mlp_build: flashrt_build.BuildResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An up-to-date answer needs the config and the key: no run directory
+    (Hydra's) and no compiler run (nothing is compiled); a build still probes it."""
+    out = mlp_build.output_dir
+    command = [sys.executable, "-m", "flashrt_build", "+module=mlp", f"output_dir={out}", f"output_root={tmp_path}"]
+    noop = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert noop.returncode == 0 and "up to date" in noop.stderr, noop.stderr
+    assert not (tmp_path / ".runs").exists()
+    config = ["+module=mlp", f"output_dir={out}", f"output_root={out.parent}"]
+    with mock.patch("flashrt_build.config.toolchain.compile_rejected", return_value="probed") as probe:
+        assert flashrt_build.build(compose(config)).status == "up_to_date" and probe.call_count == 0
+        with pytest.raises(flashrt_build.ConfigError, match=r"cannot compile C\+\+ \(a one-line file fails: probed\)"):
+            flashrt_build.build(compose([*config, "force=true"]))
+    assert flashrt_build.build(compose(config)).manifest["build_key"] == mlp_build.manifest["build_key"]
+
+
 def test_each_changed_ingredient_rebuilds_and_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     package = tmp_path / "mynets"
     package.mkdir()

@@ -553,3 +553,13 @@ def test_a_pattern_naming_a_path_exactly_admits_it_as_written() -> None:
     assert target_allowed("transformers.GPT2LMHeadModel", ["transformers.*"], real)
     assert not target_allowed("transformers.modeling_utils.torch.save", ["transformers.*"], "torch.serialization.save")
     assert not target_allowed("evil.Run", ["transformers.*"])  # refused before anything is imported
+
+
+def test_overrides_the_variant_never_names_need_no_second_compose() -> None:
+    from flashrt_build.config.naming import names_nothing
+
+    chosen = ["+module=mlp", "quant=int8_wo"]
+    assert names_nothing([*chosen, "output_root=x", "verify.rtol=1e-3", "+module.pretrained=d"], chosen)
+    assert not names_nothing([*chosen, "seed=1"], chosen)
+    assert not names_nothing([*chosen, "verifyx=1"], chosen)  # a key that only starts like an unnamed one
+    assert compose(["+module=mlp", "seed=1", "verify.rtol=1e-3"]).variant == "seed_1"
