@@ -129,7 +129,7 @@ def _run_stages(plan: Plan) -> BuildResult:
     if spec.any_pass:  # before quantizing: fused float weights, quantized as one
         timer.run("passes", passes_stage, module, spec)
     quantized = timer.run("quantize", quantize_stage, module, spec) if spec.quant is not None else None
-    timer.run("inputs", inputs_stage, module, spec)
+    timer.run("inputs", inputs_stage, module, spec, reference.ran_at_edges() if reference is not None else ())
     if reference is not None and reference.failure is not None:  # not a mistake of the inputs' config
         raise reference.failure
     exported = timer.run("export", export_stage, module, spec, quantized and quantized.methods)

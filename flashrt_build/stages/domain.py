@@ -15,7 +15,7 @@ import difflib
 import inspect
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -30,11 +30,13 @@ from .inputs import ExampleInputs, make_inputs
 from .progress import Stage
 
 
-def inputs_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[None]:
-    """Every method's inputs against the eager module, before the costly stages."""
+def inputs_stage(module: torch.nn.Module, spec: BuildSpec, ran: Collection[tuple[str, Any]] = ()) -> Stage[None]:
+    """Every method's inputs against the eager module, before the costly
+    stages; `ran`: (method, sorted sizes) the eager module ran at already,
+    its integer inputs at the ends of their ranges (the reference's calls)."""
     for method in spec.methods:
         check_input_names(module, spec, method)
-    notes = [check_input_domain(module, spec, method) for method in spec.methods]
+    notes = [check_input_domain(module, spec, method, ran) for method in spec.methods]
     return Stage(
         None, "; ".join(f"{m.label + ': ' if m.label else ''}{n}" for m, n in zip(spec.methods, notes, strict=True))
     )
@@ -95,11 +97,14 @@ def _hint(name: str, named: dict[str, Any]) -> str:
     return f"; did you mean '{close[0]}'?" if close else f"; its parameters: {', '.join(named) or 'none'}"
 
 
-def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodSpec) -> str:
+def check_input_domain(
+    module: torch.nn.Module, spec: BuildSpec, method: MethodSpec, ran: Collection[tuple[str, Any]] = ()
+) -> str:
     """Run the eager method at the ends of every declared value range, on the
-    example, then with every dynamic dim at its max; returns what was checked,
-    for the log. A failure is narrowed down to the key to blame: one range's
-    end, one dim's max. Buffers the method writes are put back after."""
+    example, then with every dynamic dim at its max (unless `ran` holds that
+    call); returns what was checked, for the log. A failure is narrowed down
+    to the key to blame: one range's end, one dim's max. Buffers the method
+    writes are put back after."""
     dims = {d.name: (inp, axis, d) for inp in method.inputs for axis, d in inp.dynamic.items()}
     ranged = [i for i in method.inputs if i.dtype in INTEGER and (i.low is not None or i.high is not None)]
     lows = {i.name: "low" for i in ranged}
@@ -126,6 +131,8 @@ def check_input_domain(module: torch.nn.Module, spec: BuildSpec, method: MethodS
                 f"without torch.export: {found.said} (check {_suspects(spec, method, found)})"
             )
         at_max = {name: d.max for name, (_, _, d) in dims.items()}
+        if dims and (method.name, tuple(sorted(at_max.items()))) in ran:
+            return _checked(dims, ranged) + " (at the max: the reference's call)"
         found = failure(at_max, {i.name: "both" for i in ranged})
         if found is None:
             return _checked(dims, ranged)

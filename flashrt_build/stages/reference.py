@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 
 from ..config.spec import BuildSpec
 from ..errors import VerifyError, first_lines
+from ..runtime.dtypes import INTEGER
 from .domain import preserved_buffers
 from .inputs import make_inputs
 from .progress import Stage
@@ -37,6 +38,13 @@ class Reference:
     # The eager module raised on a call: raised once the config's inputs are
     # checked (domain.py), which names a config mistake behind it by its key.
     failure: VerifyError | None = None
+
+    def ran_at_edges(self) -> set[tuple[str, tuple[tuple[str, int], ...]]]:
+        """(method, sizes) of the calls the module ran with its integer inputs
+        at both ends of their ranges: what the inputs stage need not run again."""
+        if self.failure is not None:
+            return set()
+        return {(c.method.name, tuple(sorted(c.sizes.items()))) for c in self.calls if c.edges}
 
     def state(self, names: list[str], module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The value each state buffer must hold after the sequence: the one
@@ -68,9 +76,11 @@ def reference_stage(module: torch.nn.Module, spec: BuildSpec) -> Stage[Reference
 
 def plan_calls(spec: BuildSpec, repeat: int) -> list[Call]:
     """For each method: the example, each dim at min / an odd size between /
-    max. Then a chain: a lone forward `repeat` more times; several methods
-    each once in the order listed, then the last one `repeat` more times, the
-    way a user calls them (prefill, then decode steps)."""
+    max (where every dim is then at its max, the integer inputs at both ends
+    of their ranges: the inputs stage's costliest check, run once). Then a
+    chain: a lone forward `repeat` more times; several methods each once in
+    the order listed, then the last one `repeat` more times, the way a user
+    calls them (prefill, then decode steps)."""
     calls = []
     for method in spec.methods:
         probes: list[dict[str, int]] = [{}]
@@ -80,14 +90,19 @@ def plan_calls(spec: BuildSpec, repeat: int) -> list[Call]:
                 if size is not None and {dim.name: size} not in probes:
                     probes.append({dim.name: size})
         prefix = f"{method.name}: " if method.label else ""
-        calls += [Call(prefix + _label(sizes), sizes, {}, method) for sizes in probes]
+        at_max = {d.name: d.max for d in dims.values()}
+        edges = {i.name: "both" for i in method.inputs if i.dtype in INTEGER and (i.low, i.high) != (None, None)}
+        calls += [
+            Call(prefix + _label(sizes), sizes, {}, method, edges if dims and sizes == at_max else {})
+            for sizes in probes
+        ]
     if spec.multi_method:
         chain = [*spec.methods, *[spec.methods[-1]] * repeat]
         calls += [Call(f"chain {i + 1}: {m.name}", {}, {}, m) for i, m in enumerate(chain)]
     else:
         calls += [Call(f"repeat {i + 1}", {}, {}, spec.default_method) for i in range(repeat)]
     for i, call in enumerate(calls):
-        example = make_inputs(spec, seed=spec.seed + 1 + i, sizes=call.sizes, method=call.method)
+        example = make_inputs(spec, seed=spec.seed + 1 + i, sizes=call.sizes, method=call.method, edges=call.edges)
         call.inputs = example.named(call.method)
     return calls
 

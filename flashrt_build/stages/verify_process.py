@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ class Call:
     sizes: dict[str, int]
     inputs: dict[str, torch.Tensor]  # by input name
     method: MethodSpec
+    edges: dict[str, str] = field(default_factory=dict)  # integer inputs at the ends of their range (make_tensor)
 
 
 def run_package(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -136,6 +138,35 @@ def test_verification_calls_cover_example_min_odd_mid_max_and_a_repeat_chain() -
     bert = plan_calls(spec_of("+module=bert_tiny"), repeat=0)
     assert [c.sizes for c in bert] == [{}, {"seq": 2}, {"seq": 65}, {"seq": 128}]
     assert bert[2].inputs["attention_mask"].shape == (2, 65)
+
+
+def test_the_reference_runs_the_max_at_the_ranges_ends_so_the_inputs_stage_does_not_again() -> None:
+    from flashrt_build.stages.domain import inputs_stage
+    from flashrt_build.stages.reference import Reference
+
+    spec = spec_of("+module=bert_tiny")
+    calls = plan_calls(spec, repeat=0)
+    at_max = calls[-1]
+    assert at_max.sizes == {"seq": 128} and at_max.edges == {"input_ids": "both", "attention_mask": "both"}
+    ids = at_max.inputs["input_ids"]
+    assert (int(ids.min()), int(ids.max())) == (0, 999) and not any(c.edges for c in calls[:-1])
+    module = instantiate_module(spec)
+    lengths: list[int] = []
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        lengths.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    module.forward = counted  # the stage calls the method itself, as the package's callers do
+    inputs_stage(module, spec)
+    assert 128 in lengths  # alone, the stage runs the max
+    lengths.clear()
+    note = inputs_stage(module, spec, Reference(calls).ran_at_edges()).note
+    assert 128 not in lengths and "at the max: the reference's call" in note
+    failed = Reference(calls, failure=VerifyError("raised"))
+    assert failed.ran_at_edges() == set()  # a reference that raised proves nothing
 
 
 # inductor options -------------------------------------------------------------
