@@ -1,14 +1,14 @@
 # make help       this list
 # make run        build the default example (outputs/mlp/cpu-baked-default/)
-# make test       lint and type-check, then the whole test suite (about 20 minutes on 2 cores)
-# make test-fast  lint, type-check and the tests that compile nothing (under a minute)
+# make test       lint and type-check, then the whole test suite (about 25 minutes on 2 cores)
+# make test-no-compile  lint, type-check and the tests that compile nothing (2-3 minutes on 2 cores)
 # make test-slurm the SLURM tests, on a one-node cluster brought up and down for them (tests/slurm/cluster.sh; root)
 # make cpp        the C++ library and flashrt-run, built against the venv's torch (build/cpp/)
 VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help run test test-fast test-slurm lint format clean cpp
+.PHONY: help run test test-no-compile test-slurm lint format clean cpp
 
 # (Re)create the venv when it is absent or older than the lock or pyproject.
 $(STAMP): requirements.lock pyproject.toml
@@ -32,7 +32,7 @@ lint: $(STAMP)
 test: lint
 	$(PYTHON) -m pytest -q -n auto --dist loadfile
 
-test-fast: lint
+test-no-compile: lint
 	$(PYTHON) -m pytest -q -n auto -m "not slow"
 
 # Installs the SLURM packages when missing (apt, as root); where it cannot, says so and exits 0.

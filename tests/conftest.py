@@ -2,7 +2,7 @@
 runtime/, cache/, sweep/, commands/; test_layout.py checks its import rules).
 
     make test                      lint + everything, a worker per core, each file on one worker (CI runs this)
-    make test-fast                 lint + the tests not marked slow (under a minute)
+    make test-no-compile           lint + the tests not marked slow (2-3 minutes on 2 cores)
     .venv/bin/pytest -m slow        integration: real torch.export + AOTInductor builds
     .venv/bin/pytest tests/config   one folder
 
