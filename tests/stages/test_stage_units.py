@@ -339,6 +339,23 @@ def test_an_output_without_finite_values_is_reported_not_passed() -> None:
     assert empty.passed and not empty.nothing_compared
 
 
+def test_a_large_leaf_is_compared_slice_by_slice_as_exactly_as_whole() -> None:
+    """An LLM's logits are gigabytes in float64 at once; the slices give the same errors."""
+    from flashrt_build.stages.compare import _CHUNK, _errors_where_all_finite, compare_leaves
+
+    ref = torch.randn(3, _CHUNK // 2 + 7)  # more than two slices, the last one short
+    out = ref + 1e-4 * torch.randn_like(ref)
+    max_abs, rel, count = _errors_where_all_finite(out, ref)
+    whole = out.double() - ref.double()
+    assert max_abs == float(whole.abs().max()) and count == ref.numel()
+    assert math.isclose(rel, float(whole.norm()) / float(ref.double().norm()), rel_tol=1e-9)
+    for bad in (math.nan, math.inf):
+        broken = out.clone()
+        broken[2, -1] = bad
+        assert _errors_where_all_finite(broken, ref) is None  # left to the comparison that places non-finites
+        assert not compare_leaves([broken], ref, None, None)[0].passed
+
+
 def test_constant_leaves_compare_by_value_and_type() -> None:
     leaves = compare_outputs((torch.ones(1), None, 3), (torch.ones(1), None, 3), 0, 0)
     assert [leaf.passed for leaf in leaves] == [True, True, True]
