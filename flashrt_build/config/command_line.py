@@ -54,15 +54,19 @@ def check_command_line(argv: Sequence[str]) -> DictConfig | None:
     args, _ = get_args_parser().parse_known_args(list(argv))
     if args.config_dir is not None:
         check_config_dir("--config-dir", args.config_dir, own_primary=args.config_name is not None)
-    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_name or args.config_path:
-        return None  # Hydra's own pages, or a primary config of the user's: Hydra's to compose
+    if args.config_path:  # Hydra's primary search path: it would replace the tool's own configs
+        raise ConfigError("--config-path", args.config_path, "replaces the tool's own config directory; give your "
+                          "configs with --config-dir DIR (and a primary config of yours with --config-name NAME)",
+                          "argument")  # fmt: skip
+    if args.help or args.hydra_help or args.info or args.shell_completion:
+        return None  # Hydra's own pages
     overrides = list(args.overrides)
     jobs = sweep_jobs(overrides, args.config_dir) if args.multirun else [overrides]
     places: dict[Path, int] = {}  # each job's output directory: two jobs of a sweep never share one
     cfg = None
     for number, job in enumerate(jobs, 1):
         try:
-            cfg = compose(job, config_dir=args.config_dir, with_hydra=True)
+            cfg = compose(job, config_dir=args.config_dir, with_hydra=True, config_name=args.config_name or "config")
             config = plain(cfg)
             patterns = allowed_targets(config)
             if patterns:
@@ -84,6 +88,7 @@ def check_command_line(argv: Sequence[str]) -> DictConfig | None:
             where = f" (sweep job {number} of {len(jobs)}: {' '.join(job)})"
             raise ConfigError(exc.key, exc.value, exc.expected + where, exc.kind) from None
     plain_run = not args.multirun and args.cfg is None and getattr(args, "experimental_rerun", None) is None
+    plain_run = plain_run and args.config_name is None  # a primary config of the user's: Hydra runs it
     return cfg if plain_run else None
 
 

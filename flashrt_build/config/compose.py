@@ -96,7 +96,10 @@ def hydra_loader(config_dir: str | Path | None = None) -> Iterator[Any]:
 
 
 def compose(
-    overrides: Sequence[str] = (), config_dir: str | Path | None = None, with_hydra: bool = False
+    overrides: Sequence[str] = (),
+    config_dir: str | Path | None = None,
+    with_hydra: bool = False,
+    config_name: str = "config",
 ) -> DictConfig:
     """The config the CLI would build for `overrides` (e.g. `["+module=mlp"]`),
     its output folder named as the CLI names it (`seed=1`: `...-seed_1`).
@@ -104,7 +107,8 @@ def compose(
     `config_dir` adds a directory of the user's own configs to the search path,
     like the CLI's `--config-dir`; its parent joins `python_path`, so a module
     beside the configs imports. `with_hydra`: keep Hydra's own node
-    (`hydra.*`: callbacks, logging, launcher), as the CLI composes it.
+    (`hydra.*`: callbacks, logging, launcher), as the CLI composes it;
+    `config_name`: the primary config (`--config-name`, one of `config_dir`'s).
     A mistake in the overrides or a config file is one ConfigError.
     """
     register_schema()
@@ -113,10 +117,10 @@ def compose(
         check_config_dir("config_dir", config_dir)
     try:
         with hydra_loader(config_dir) as loader:
-            cfg = hydra_compose(config_name="config", overrides=given, return_hydra_config=with_hydra)
+            cfg = hydra_compose(config_name=config_name, overrides=given, return_hydra_config=with_hydra)
             chosen = group_overrides(given, loader.get_group_options)
             # nothing the variant names set: the baseline is the config itself, no second compose
-            baseline = cfg if names_nothing(given, chosen) else hydra_compose(config_name="config", overrides=chosen)
+            baseline = cfg if names_nothing(given, chosen) else hydra_compose(config_name=config_name, overrides=chosen)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         raise composition_error(exc, given, config_dir) from None
     except ValueError as exc:  # `passes=null`: Hydra's own ValueError, before it composes anything

@@ -159,6 +159,27 @@ def command_line_value(overrides: Sequence[str], key: str) -> tuple[bool, Any]:
     return False, None
 
 
+def command_line_gives(overrides: Sequence[str], key: str, value: Any) -> bool:
+    """Whether an override gives dotted `key` this `value`: the key itself,
+    or a node holding it whose given mapping holds it (`inductor.options={}`
+    merges into the file's options, so it gives none of them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .compiler import flatten_options
+
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        given, node = override.key_or_group, None if override.is_delete() else override.value()
+        if given == key and node == value:
+            return True
+        inside = key.startswith(f"{given}.") and isinstance(node, Mapping)
+        if inside and flatten_options(node).get(key.removeprefix(f"{given}."), _NOT_GIVEN) == value:
+            return True
+    return False
+
+
+_NOT_GIVEN = object()
+
+
 def check_allow_list_source(composed: Any, overrides: Sequence[str]) -> None:
     """The allow-list judges the config files, so none of them may set it:
     only the command line (or the API's overrides). A module file with
@@ -193,12 +214,9 @@ def check_code_keys_source(config: Mapping[str, Any], overrides: Sequence[str]) 
 
     if not allowed_targets(config):
         return
-    # the keys the command line sets (dotted: `inductor=fast` chooses a file, whose values are the file's)
-    given = {key for o in overrides if "." in (key := o.partition("=")[0].lstrip("+~"))}
     for where, options in inductor_option_sets(config):
         for name in code_options(options):
-            full = f"{where}.{name}"  # set by the command line: this very key, or a node holding it
-            if not any(full == key or full.startswith(f"{key}.") for key in given):
+            if not command_line_gives(overrides, f"{where}.{name}", options[name]):
                 raise ConfigError(
                     f"{where}.{name}",
                     options[name],

@@ -306,7 +306,8 @@ def test_a_code_option_counts_as_the_command_lines_only_where_it_sets_that_very_
         f"name: fast\noptions: {{}}\nmethods: {{forward: {{aot_inductor.compile_wrapper_opt_level: '{evil}'}}}}\n"
     )
     for also in ("+inductor.options.aot_inductor.compile_wrapper_opt_level=O2",  # another key of the same name
-                 f"output_root={tmp_path}/out_aot_inductor.compile_wrapper_opt_level"):  # fmt: skip
+                 f"output_root={tmp_path}/out_aot_inductor.compile_wrapper_opt_level",
+                 "inductor.methods.forward={}", "inductor.methods={}"):  # a mapping merges: the file's stays  # fmt: skip
         with pytest.raises(ConfigError, match=r"'inductor.methods.forward.aot_inductor.compile_wrapper_opt_level'"):
             compose(["+module=mlp", "inductor=fast", "release=true", also], config_dir=tmp_path)
 
@@ -393,3 +394,19 @@ def test_nothing_is_written_inside_another_builds_artifact(tmp_path: Path, capsy
     assert examples(["--llm", str(artifact / "ex" / "deeper")]) == 2
     assert f"is inside {artifact}, a build's artifact" in capsys.readouterr().err
     assert sorted(p.name for p in artifact.iterdir()) == [MANIFEST]
+
+
+def test_a_primary_config_of_the_users_is_checked_as_the_shipped_one_is(tmp_path: Path) -> None:
+    from flashrt_build.config.command_line import check_command_line
+
+    (tmp_path / "mine.yaml").write_text("defaults: [config, _self_]\nseed: 3\n")
+    (tmp_path / "preload.yaml").write_text("defaults: [config, _self_]\nhydra: {job: {env_set: {LD_PRELOAD: /x.so}}}\n")
+    (tmp_path / "widen.yaml").write_text("defaults: [config, _self_]\nallowed_targets: ['*']\n")
+    given = ["--config-dir", str(tmp_path), "+module=mlp", "release=true"]
+    assert check_command_line([*given, "--config-name", "mine"]) is None  # composed, checked, then Hydra's to run
+    with pytest.raises(ConfigError, match=r"'hydra.job.env_set.LD_PRELOAD' = '/x.so': set by a config file"):
+        check_command_line([*given, "--config-name", "preload"])
+    with pytest.raises(ConfigError, match=r"'allowed_targets' = \['\*'\]: set by a config file"):
+        check_command_line([*given, "--config-name", "widen"])
+    with pytest.raises(ConfigError, match=r"argument '--config-path' = .*: replaces the tool's own config directory"):
+        check_command_line(["--config-path", str(tmp_path), "+module=mlp"])
