@@ -171,9 +171,10 @@ def command_line_gives(overrides: Sequence[str], key: str, value: Any) -> bool:
         given, node = override.key_or_group, None if override.is_delete() else override.value()
         if given == key and node == value:
             return True
-        inside = key.startswith(f"{given}.") and isinstance(node, Mapping)
-        if inside and flatten_options(node).get(key.removeprefix(f"{given}."), _NOT_GIVEN) == value:
-            return True
+        if key.startswith(f"{given}.") and isinstance(node, Mapping):
+            found = flatten_options(node).get(key.removeprefix(f"{given}."), _NOT_GIVEN)
+            if found == value:
+                return True
     return False
 
 

@@ -307,7 +307,7 @@ def test_a_code_option_counts_as_the_command_lines_only_where_it_sets_that_very_
     )
     for also in ("+inductor.options.aot_inductor.compile_wrapper_opt_level=O2",  # another key of the same name
                  f"output_root={tmp_path}/out_aot_inductor.compile_wrapper_opt_level",
-                 "inductor.methods.forward={}", "inductor.methods={}"):  # a mapping merges: the file's stays  # fmt: skip
+                 "inductor.methods.forward={}", "inductor.methods={}"):  # a mapping merges  # fmt: skip
         with pytest.raises(ConfigError, match=r"'inductor.methods.forward.aot_inductor.compile_wrapper_opt_level'"):
             compose(["+module=mlp", "inductor=fast", "release=true", also], config_dir=tmp_path)
 
