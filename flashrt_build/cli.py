@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .artifact import enclosing_build
 from .config.command_line import check_command_line, flags_first
 from .config.compose import CONF_DIR, Naming, users_configs_first
 from .config.inputs import is_name
@@ -40,12 +41,16 @@ _job_codes: list[int] = []
 def logs_root(output_root: str) -> str:
     """Where Hydra keeps a command's logs (`.runs/`, `.sweeps/`): the output
     root, or a temporary directory when the output root cannot be written, so
-    the build refuses `output_root` by name instead of Hydra failing to mkdir."""
+    the build refuses `output_root` by name instead of Hydra failing to mkdir
+    (or inside a build's artifact, which the build refuses too)."""
     root = Path(output_root).expanduser()
+    elsewhere = str(Path(tempfile.gettempdir()) / "flashrt_build-logs")
+    if enclosing_build(root.resolve() / ".runs") is not None:  # an artifact with logs in it would stop serving
+        return elsewhere
     try:
         check_writable(root.resolve(), "output_root", beside=False)
     except ConfigError:
-        return str(Path(tempfile.gettempdir()) / "flashrt_build-logs")
+        return elsewhere
     return str(root)
 
 

@@ -177,6 +177,11 @@ def resolve_outputs(config: Mapping[str, Any], cwd: Path, problems: Problems) ->
     output_dir = problems.check(derive_output_dir, config, cwd)
     before = len(problems)
     output_root = (cwd / Path(config["output_root"]).expanduser()).resolve()
+    inside = enclosing_build(output_root / STORE_DIR)
+    if inside is not None:  # its store and builds would be entries its build did not write
+        where = f"is {'' if inside == output_root else 'inside '}{inside}, a build's artifact"
+        why = f"{where}, which would then refuse to serve: give a directory outside it"
+        problems.append(ConfigError("output_root", config["output_root"], why))
     root_ok = problems.check(check_writable, output_root, "output_root", False) is None and len(problems) == before
     if output_dir is not None and (root_ok or config.get("output_dir")):  # a derived dir fails with its root
         before = len(problems)

@@ -410,3 +410,16 @@ def test_a_primary_config_of_the_users_is_checked_as_the_shipped_one_is(tmp_path
         check_command_line([*given, "--config-name", "widen"])
     with pytest.raises(ConfigError, match=r"argument '--config-path' = .*: replaces the tool's own config directory"):
         check_command_line(["--config-path", str(tmp_path), "+module=mlp"])
+
+
+def test_an_output_root_inside_an_artifact_is_refused_and_gets_no_logs(tmp_path: Path) -> None:
+    from flashrt_build.artifact import MANIFEST, SCHEMA
+
+    artifact = tmp_path / "served"
+    artifact.mkdir()
+    (artifact / MANIFEST).write_text(json.dumps({"schema": SCHEMA}))
+    for root in (artifact, artifact / "deeper"):
+        done = subprocess.run([sys.executable, "-m", "flashrt_build", "+module=mlp", f"output_root={root}"],
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 2 and f"config key 'output_root' = '{root}': is " in done.stderr, done.stderr
+    assert sorted(p.name for p in artifact.iterdir()) == [MANIFEST]  # Hydra's .runs went elsewhere
