@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
@@ -42,18 +43,34 @@ def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:
 
 def unread_module_keys(module: Mapping[str, Any]) -> list[ConfigError]:
     """causal_lm's keys set (not null) on a module whose config reads none of
-    them through `${module.KEY}` (`+module=mlp module.batch=2`): they would
+    them through an interpolation (`+module=mlp module.batch=2`): they would
     change the build's folder and key and nothing else. `module` unresolved,
     as composed; a causal_lm config that dropped a method (and its reads of
-    max_prompt) still takes them all."""
-    others = repr({key: value for key, value in module.items() if key not in CAUSAL_LM_KEYS})
-    if any(f"module.{key}" in others for key in CAUSAL_LM_KEYS):
+    max_prompt) still takes them all, and a relative interpolation (`${..x}`),
+    which could read any of them, leaves them be."""
+    interpolations = [text for text in _texts({k: v for k, v in module.items() if k not in CAUSAL_LM_KEYS})
+                      if "${" in text]  # fmt: skip
+    if any("${." in text for text in interpolations) or any(
+        re.search(rf"\bmodule\.{key}\b", text) for text in interpolations for key in CAUSAL_LM_KEYS
+    ):
         return []
     return [
         ConfigError(f"module.{key}", module[key], "is a +module=causal_lm key; this module's config never reads it")
         for key in CAUSAL_LM_KEYS
         if module.get(key) is not None
     ]
+
+
+def _texts(node: Any) -> Iterator[str]:
+    """Every text value in nested mappings and lists."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, Mapping):
+        for value in node.values():
+            yield from _texts(value)
+    elif isinstance(node, Sequence):
+        for value in node:
+            yield from _texts(value)
 
 
 def _walk(value: Any, node: Any, path: list[str], problems: list[ConfigError]) -> None:

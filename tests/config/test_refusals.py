@@ -378,6 +378,14 @@ def test_an_llm_key_on_a_module_that_never_reads_it_is_refused(tmp_path: Path) -
     )
     spec = resolve_spec(compose(["+module=batched", f"output_root={tmp_path}"], config_dir=tmp_path))
     assert spec.inputs[0].shape == (3, 16)
+    (tmp_path / "module" / "relative.yaml").write_text(  # read through a relative interpolation
+        "name: relative\nbatch: 3\nmodel: {_target_: flashrt_build.examples.MLP}\n"
+        "inputs: {x: {shape: ['${....batch}', 16]}}\n"
+    )
+    spec = resolve_spec(compose(["+module=relative", f"output_root={tmp_path}"], config_dir=tmp_path))
+    assert spec.inputs[0].shape == (3, 16)
+    with pytest.raises(ConfigError, match=r"'module.batch' = 2: is a \+module=causal_lm key"):  # a name is no read
+        resolve_spec(compose(["+module=mlp", "module.name=module.batch", "module.batch=2", f"output_root={tmp_path}"]))
 
 
 def test_nothing_is_written_inside_another_builds_artifact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
