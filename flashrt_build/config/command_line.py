@@ -122,9 +122,34 @@ def sweep_jobs(overrides: list[str], config_dir: str | None = None) -> list[list
     try:
         with hydra_loader(config_dir) as loader:
             parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
+            _check_sweep_level(loader, parsed, overrides)
             return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except (OverrideParseException, HydraException) as exc:
         raise composition_error(exc, overrides) from None
+
+
+def _check_sweep_level(loader: Any, parsed: list[Any], overrides: list[str]) -> None:
+    """Hydra composes a sweep once before it splits it, with a swept group
+    (`+module=a,b`) not yet chosen: a key inside that group
+    (`module.max_prompt=4`) then has nothing to go into, and Hydra fails with a
+    traceback. Said as the override to blame."""
+    from hydra.types import RunMode
+
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override() and "." not in o.key_or_group}
+    inside = [o for o in parsed if o.key_or_group.split(".")[0] in swept and "." in o.key_or_group]
+    if not inside:
+        return
+    try:
+        loader.load_configuration("config", overrides, RunMode.MULTIRUN)
+    except AssertionError:
+        group = inside[0].key_or_group.split(".")[0]
+        raise ConfigError(
+            inside[0].key_or_group,
+            inside[0].value(),
+            f"is inside the config group '{group}', which this sweep chooses: Hydra composes the sweep before any "
+            f"{group} is chosen, so the key has nothing to go into; set it in each {group} file, or sweep "
+            f"one {group} at a time",
+        ) from None
 
 
 def shipped_setup_lines() -> list[str]:

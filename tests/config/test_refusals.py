@@ -431,3 +431,11 @@ def test_an_output_root_inside_an_artifact_is_refused_and_gets_no_logs(tmp_path:
                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
         assert done.returncode == 2 and f"config key 'output_root' = '{root}': is " in done.stderr, done.stderr
     assert sorted(p.name for p in artifact.iterdir()) == [MANIFEST]  # Hydra's .runs went elsewhere
+
+
+def test_a_key_inside_a_swept_group_is_named_not_a_traceback() -> None:
+    from flashrt_build.config.command_line import check_command_line
+
+    with pytest.raises(ConfigError, match=r"'module.max_prompt' = 4: is inside the config group 'module', which this"):
+        check_command_line(["-m", "+module=mlp,tiny_lm", "module.max_prompt=4"])
+    assert check_command_line(["-m", "+module=mlp,tiny_lm", "seed=1,2"]) is None  # a sweep: Hydra runs it
