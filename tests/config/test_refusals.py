@@ -435,7 +435,9 @@ def test_an_output_root_inside_an_artifact_is_refused_and_gets_no_logs(tmp_path:
 
 def test_a_key_inside_a_swept_group_is_named_not_a_traceback() -> None:
     from flashrt_build.config.command_line import check_command_line
+    from flashrt_build.config.schema import register_schema
 
+    register_schema()  # as the command line does first
     with pytest.raises(ConfigError, match=r"'module.max_prompt' = 4: is inside the config group 'module', which this"):
         check_command_line(["-m", "+module=mlp,tiny_lm", "module.max_prompt=4"])
     assert check_command_line(["-m", "+module=mlp,tiny_lm", "seed=1,2"]) is None  # a sweep: Hydra runs it
