@@ -125,16 +125,58 @@ def check_config_dir(key: str, path: str | Path, own_primary: bool = False) -> N
         if not file.is_file():  # a FIFO would block the read, a device never end
             raise ConfigError(key, str(path), f"{file} is not a regular file, so not a config")
         try:
+            text = file.read_bytes()
+            shape = _yaml_shape_problem(yaml.compose(text, Loader=yaml.SafeLoader))
+            if shape is not None:
+                raise ConfigError(key, str(path), f"{file} {shape}")
             OmegaConf.load(file)
-            top = yaml.safe_load(file.read_bytes())
+            top = yaml.safe_load(text)
+        except ConfigError:
+            raise
         except RecursionError:
-            raise ConfigError(key, str(path), f"{file} holds a YAML alias that contains itself") from None
+            raise ConfigError(key, str(path), f"{file} nests deeper than a config can be read") from None
         except Exception as exc:
             why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
             why = why if len(why) <= 300 else why[:300] + " ..."  # one line, whatever the parser quotes
             raise ConfigError(key, str(path), f"{file} is not valid YAML: {why}") from None
         if top is not None and not isinstance(top, dict):  # OmegaConf would read a text as a key named by all of it
             raise ConfigError(key, str(path), f"{file} holds a {type(top).__name__}, not a mapping of config keys")
+
+
+# Values a config file may expand to through its aliases (a file of a few
+# lines whose aliases nest can name billions).
+MAX_YAML_VALUES = 1_000_000
+
+
+def _yaml_shape_problem(root: Any) -> str | None:
+    """What makes a composed YAML node graph no config: an alias that
+    contains itself, or aliases that expand past MAX_YAML_VALUES; None when
+    neither does. Each node is counted once, however often it is aliased."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: Any) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise _AliasLoop
+        open_nodes.add(id(node))
+        children = node.value if isinstance(node.value, list) else []
+        items = [part for child in children for part in (child if isinstance(child, tuple) else (child,))]
+        total = 1 + sum(size(child) for child in items)
+        open_nodes.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    try:
+        expanded = 0 if root is None else size(root)
+    except _AliasLoop:
+        return "holds a YAML alias that contains itself"
+    return f"expands its aliases to more than {MAX_YAML_VALUES} values" if expanded > MAX_YAML_VALUES else None
+
+
+class _AliasLoop(Exception):
+    pass
 
 
 def derive_output_dir(config: Mapping[str, Any], cwd: Path) -> Path:

@@ -421,6 +421,16 @@ def test_a_config_dir_that_is_missing_or_a_file_is_refused(tmp_path: Path) -> No
     (tmp_path / "alias" / "module" / "alias.yaml").write_text("a: &a [*a]\n")
     looped = config_error_of(lambda: compose(["+module=alias"], config_dir=tmp_path / "alias"))
     assert str(looped).endswith("alias.yaml holds a YAML alias that contains itself") and len(str(looped)) < 300
+    (tmp_path / "laughs" / "module").mkdir(parents=True)
+    levels = ["l0: &l0 [" + ", ".join(["x"] * 10) + "]"]
+    levels += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    (tmp_path / "laughs" / "module" / "laughs.yaml").write_text("\n".join(levels) + "\n")  # 10^9 values
+    bomb = config_error_of(lambda: compose(["+module=laughs"], config_dir=tmp_path / "laughs"))
+    assert str(bomb).endswith("laughs.yaml expands its aliases to more than 1000000 values")
+    (tmp_path / "deep" / "module").mkdir(parents=True)
+    (tmp_path / "deep" / "module" / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    deep = config_error_of(lambda: compose(["+module=deep"], config_dir=tmp_path / "deep"))
+    assert str(deep).endswith("deep.yaml nests deeper than a config can be read")
     (tmp_path / "bad" / "module").mkdir(parents=True)
     (tmp_path / "bad" / "module" / "bad.yaml").write_text("a: [" + "x, " * 5000)
     assert len(str(config_error_of(lambda: compose(["+module=bad"], config_dir=tmp_path / "bad")))) < 600
