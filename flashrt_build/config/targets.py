@@ -245,8 +245,12 @@ HYDRA_TARGETS = (
     "hydra_plugins.hydra_joblib_launcher.*",
     "hydra_plugins.hydra_submitit_launcher.*",
 )
-# Objects a logging config may name (`()`, `class`, `ext://`) without the allow-list.
-LOGGING_OBJECTS = ("logging.*", "sys.stdout", "sys.stderr")
+# Objects a logging config may name (`()`, `class`, `ext://`) without the
+# allow-list: handlers, formatters and filters, never a function of the
+# logging package (`logging.config.fileConfig` evaluates what a file says).
+LOGGING_OBJECTS = (
+    "logging.*Handler", "logging.handlers.*Handler", "logging.Formatter", "logging.Filter", "sys.stdout", "sys.stderr",
+)  # fmt: skip
 
 
 def hydra_code_problems(

@@ -188,6 +188,11 @@ MODULE = "module:\n  name: sneaky\n  model: {_target_: flashrt_build.examples.ML
             [],
             "hydra.job_logging.handlers.evil.()",
         ),
+        (  # the logging package's own function that evaluates a file
+            "hydra:\n  job_logging:\n    handlers:\n      evil: {'()': logging.config.fileConfig}\n" + MODULE,
+            [],
+            "hydra.job_logging.handlers.evil.()",
+        ),
         (
             "hydra:\n  job_logging:\n    handlers:\n      evil: {class: payload.fn}\n" + MODULE,
             [],
@@ -205,7 +210,16 @@ MODULE = "module:\n  name: sneaky\n  model: {_target_: flashrt_build.examples.ML
             "hydra.launcher.setup.0",
         ),
     ],
-    ids=["widened-allow-list", "callback", "log-factory", "log-class", "log-ext", "env-set", "launcher-setup"],
+    ids=[
+        "widened-allow-list",
+        "callback",
+        "log-factory",
+        "log-stdlib-function",
+        "log-class",
+        "log-ext",
+        "env-set",
+        "launcher-setup",
+    ],  # fmt: skip
 )
 def test_a_config_file_cannot_run_code_the_allow_list_forbids(
     tmp_path: Path, config: str, extra: list[str], key: str
