@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError, FlashrtError
 from ..runtime.manifest import manifest_methods
-from ..runtime.tokenizer import served_tokenizer
+from ..runtime.tokenizer import served_tokenizer, too_long
 
 MAX_SEED = 2**63  # --seed is from 0 to this, less one (torch's generator takes an int64)
 TOKEN_ID = re.compile(r"[+-]?[0-9]+")
@@ -135,20 +135,11 @@ def _template_source(output_dir: Path) -> Path:
 
 
 def check_text_length(text: str, tokenizer: Any, manifest: dict[str, Any], flag: str, given: str) -> None:
-    """Text longer than any prompt of the package's cache could be, whatever
-    its tokens (each covers at most its vocabulary's longest token), refused
-    before the tokenizer holds it: tokenizers aborts the whole process when
-    its memory runs out."""
-    position = next((i for i in manifest_methods(manifest).get("decode", {}).get("inputs", [])
-                     if i.get("name") == "position"), None)  # fmt: skip
-    if position is None or position.get("high") is None or len(text) <= MAX_PROMPT_BYTES >> 6:
-        return  # short text: tokenized in no time and no memory
-    longest = max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=1)
-    bound = int(position["high"]) * longest * 4  # 4: normalizers may drop characters before tokens are cut
-    if len(text) > bound:  # characters: each is at least one byte
+    """Text no prompt of the package could be (runtime.tokenizer.too_long), refused naming the flag."""
+    why = too_long(text, tokenizer, manifest)
+    if why is not None:
         shown = given if given != text else f"{text[:40]}... ({len(text)} characters)"  # a path, or the text
-        raise argument(flag, shown, f"is longer than any prompt of the package's {position['high']} positions "
-                       f"could be ({bound} characters at most: its longest token has {longest} bytes)")  # fmt: skip
+        raise argument(flag, shown, why)
 
 
 def check_vocabulary(ids: list[int], manifest: dict[str, Any], flag: str, given: str) -> None:

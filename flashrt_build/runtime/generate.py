@@ -17,7 +17,7 @@ import torch
 
 from .sampling import chooser, penalised, system_seed
 from .sizes import PromptRefused, built_sizes, check_request, declared_inputs, model_positions
-from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer, token_ids
+from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer, token_ids, too_long
 
 __all__ = ["Generation", "PromptRefused", "generate", "generate_ids"]
 
@@ -82,6 +82,9 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 64, **options: Any) 
             raise ValueError(f"prompt: not text: {where} is a lone surrogate") from None
         check_serving_dir(output_dir, model.manifest)
         tokenizer = served_tokenizer(output_dir)
+        why = too_long(prompt, tokenizer, model.manifest)
+        if why is not None:
+            raise ValueError(f"prompt: {why}")
         encoded = tokenizer.encode(prompt)
         prompt = list(encoded.ids if hasattr(encoded, "ids") else encoded)
     elif not isinstance(prompt, list):

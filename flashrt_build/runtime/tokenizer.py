@@ -17,6 +17,7 @@ from typing import Any
 from ..artifact import foreign_entries
 from ..errors import ArtifactError, ConfigError
 from .hashing import altered_digest, check_served_files
+from .manifest import manifest_methods
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -134,3 +135,24 @@ def token_ids(given: Any) -> list[int]:
     if any(not 0 <= i < 2**63 for i in ids):  # a token id is an int64 index, never negative
         raise TypeError(f"not token ids: {given!r}")
     return ids
+
+
+# Text shorter than this is tokenized in no time and little memory, whatever it holds.
+SHORT_TEXT = 1 << 20
+
+
+def too_long(text: str, tokenizer: Any, manifest: dict[str, Any]) -> str | None:
+    """Why `text` is longer than any prompt of the package's cache could be,
+    whatever its tokens (each covers at most its vocabulary's longest
+    token); None where it may fit. Asked before the tokenizer holds the text:
+    tokenizers aborts the whole process when its memory runs out."""
+    position = next((i for i in manifest_methods(manifest).get("decode", {}).get("inputs", [])
+                     if i.get("name") == "position"), None)  # fmt: skip
+    if position is None or position.get("high") is None or len(text) <= SHORT_TEXT:
+        return None
+    longest = max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=1)
+    bound = int(position["high"]) * longest * 4  # 4: normalizers may drop characters before tokens are cut
+    if len(text) <= bound:  # characters: each is at least one byte
+        return None
+    return (f"is longer than any prompt of the package's {position['high']} positions could be ({bound} characters "
+            f"at most: its longest token has {longest} bytes)")  # fmt: skip

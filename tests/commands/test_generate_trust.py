@@ -761,3 +761,5 @@ def test_text_longer_than_any_prompt_the_cache_holds_is_refused_before_it_is_tok
     assert f"argument '--prompt-file' = '{big}'" in line and "is longer than any prompt of the package's" in line
     done = generate_cli(result.output_dir, "--interactive", "--max-new-tokens", "1", input_text="a" * (2 << 20) + "\n")
     assert done.returncode == 0 and "that line is longer than any prompt of the package's" in done.stderr
+    with pytest.raises(ValueError, match=r"prompt: is longer than any prompt of the package's \d+ positions"):
+        flashrt_build.generate(result.output_dir, "a" * (2 << 20), max_new_tokens=1)  # the Python API too
