@@ -292,6 +292,8 @@ def load(
     At most 4 times the cores this process may run on (`threads.max_threads`):
     more only wait, and 100,000 crashed the process; a ValueError names it.
     """
+    if host is not None and not isinstance(host, torch.nn.Module):
+        raise TypeError(f"host: expected the eager nn.Module the package stands in for, got {type(host).__name__}")
     output_dir = Path(output_dir)
     manifest = read_manifest(output_dir)
     target = check_device(device, manifest["target"]["device"])  # before any weight is read there

@@ -268,6 +268,12 @@ def test_a_package_without_prefill_and_decode_is_named_with_its_methods(mlp_buil
     done = generate_cli(mlp_build.output_dir, "--prompt-ids", "1,2")
     assert done.returncode == 2
     assert f"{mlp_build.output_dir} has no method 'prefill'; its methods: forward" in one_line(done)
+    loaded = flashrt_build.load(mlp_build.output_dir)
+    for given in ({}, {"prefill": "__init__"}):  # the Python API names them too
+        with pytest.raises(ValueError, match=r"prefill='(prefill|__init__)': the package has no method .* forward$"):
+            flashrt_build.generate(loaded, [1, 2], 2, **given)
+    with pytest.raises(TypeError, match=r"host: expected the eager nn.Module the package stands in for, got int"):
+        flashrt_build.load(mlp_build.output_dir, host=5)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
