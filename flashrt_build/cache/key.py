@@ -241,7 +241,8 @@ def _changed_files(name: str, old: Any, new: Any) -> list[str]:
     else:
         return []
     labels = sorted(set(before) | set(after))
-    return [label.partition("/")[2] for label in labels if before.get(label) != after.get(label)]  # relative to its key
+    changed = [label.partition("/")[2] for label in labels if before.get(label) != after.get(label)]
+    return list(dict.fromkeys(changed))  # relative to its key; a file two keys read, once
 
 
 def _weight_files(weights: Any) -> dict[str, str]:

@@ -31,6 +31,9 @@ def test_a_changed_file_of_a_subfolder_is_named_with_its_folder() -> None:
     old = {"model_files": {"module.model.path/config.json": "a", "module.model.path/sub/tokenizer.json": "b"}}
     new = {"model_files": {"module.model.path/config.json": "a", "module.model.path/sub/tokenizer.json": "c"}}
     assert changed_ingredients(old, new) == ["model_files (sub/tokenizer.json)"]
+    served = ("module.files.0/generation_config.json", "module.pretrained/generation_config.json")
+    before, after = ({"weights": {"files": dict.fromkeys(served, sha)}} for sha in "ab")
+    assert changed_ingredients(before, after) == ["weights (generation_config.json)"]  # a file two keys read, once
 
 
 def test_a_link_to_a_directory_outside_the_model_is_named_not_walked(tmp_path: Path) -> None:
