@@ -15,6 +15,7 @@
     inputs.py        each entry point's inputs, dynamic dims, value ranges, constant kwargs
     quant.py         a quantization recipe: its schema, rules (a method's own), targets, error bounds
     targets.py       what a config may run (the allow-list) and where that code comes from
+    sources.py       under an allow-list, whether a value came from the command line or a config file
     remote_code.py   a checkpoint directory's own code: never run under an allow-list, nor read
     paths.py         the output folder derived and checked (writable, replaceable); config dir; TMPDIR
     files.py         every file a build reads, as the config names them

@@ -22,7 +22,7 @@ from .paths import check_config_dir
 from .problems import raise_all
 from .schema import BuildConfig, plain, register_schema
 from .shipped import CONF_DIR
-from .targets import check_allow_list_source, check_code_keys_source
+from .sources import check_allow_list_source, check_code_keys_source
 
 __all__ = ["CONF_DIR", "as_build_config", "compose", "composition_error", "hydra_loader", "name_and_place"]
 

@@ -16,7 +16,7 @@ from typing import Any, overload
 import torch
 
 from .sampling import chooser, penalised, system_seed
-from .sizes import PromptRefused, built_sizes, check_request, declared_inputs, model_positions
+from .sizes import PromptRefused, built_sizes, check_methods, check_request, declared_inputs, model_positions
 from .tokenizer import check_serving_dir, eos_tokens, served_tokenizer, token_ids, too_long
 
 __all__ = ["Generation", "PromptRefused", "generate", "generate_ids"]
@@ -138,12 +138,10 @@ def generate_ids(
     at a time from there instead of prefilled.
     """
     _check_options(seed, on_token=on_token, stop=stop)
-    for role, name in (("prefill", prefill), ("decode", decode)):
-        _check_method(model, role, name)
     _check_fits(model, prompt, max_new_tokens, (prefill, decode, position), cached)
-    if temperature > 0 and seed is None:
-        seed = system_seed()
+    seed = system_seed() if temperature > 0 and seed is None else seed
     choose = _choosing(prompt, temperature, top_k, top_p, seed, repetition_penalty)
+    check_methods(model, prefill=prefill, decode=decode)
     ends = _ends(eos, prompt.device)
     wait = torch.cuda.synchronize if timed and prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
@@ -271,17 +269,6 @@ def _logits(out: Any) -> torch.Tensor:
     if hasattr(out, "logits"):
         return out.logits
     return out[0]
-
-
-def _check_method(model: Any, role: str, name: str) -> None:
-    """`name` is a method of `model` generation may call: a loaded package's
-    (by its manifest), or a public callable of an eager module."""
-    methods = getattr(model, "methods", None)
-    if isinstance(methods, dict) and methods:  # a loaded package
-        if name not in methods:
-            raise ValueError(f"{role}={name!r}: the package has no method {name!r}; its methods: {', '.join(methods)}")
-    elif not isinstance(name, str) or name.startswith("_") or not callable(getattr(model, name, None)):
-        raise ValueError(f"{role}={name!r}: {type(model).__name__} has no method {name!r} to generate with")
 
 
 def _trusted(run_decode: Any, model: Any, decode: str, width: int) -> Any:

@@ -287,10 +287,9 @@ def load(
 
     `threads`: the CPU threads each call runs on (torch's and OpenMP's count,
     set around the call and put back after); None leaves this process's
-    setting (`torch.set_num_threads`). On a busy machine fewer than its cores
-    keeps a CPU package from fighting other work for them (BENCHMARKS.md).
-    At most 4 times the cores this process may run on (`threads.max_threads`):
-    more only wait, and 100,000 crashed the process; a ValueError names it.
+    setting. On a busy machine fewer than its cores keeps a CPU package from
+    fighting other work for them. At most 4 times the cores this process may
+    run on (`threads.max_threads`): more only wait; a ValueError names it.
     """
     if host is not None and not isinstance(host, torch.nn.Module):
         raise TypeError(f"host: expected the eager nn.Module the package stands in for, got {type(host).__name__}")

@@ -142,3 +142,17 @@ def model_positions(manifest: Mapping[str, Any]) -> int | None:
         if isinstance(found, int) and not isinstance(found, bool) and found >= 1:
             return found
     return None
+
+
+def check_methods(model: Any, **names: str) -> None:
+    """Each of `names` (by the role it plays) is a method of `model` generation
+    may call: a loaded package's (by its manifest), or a public callable of an
+    eager module."""
+    methods = getattr(model, "methods", None)
+    for role, name in names.items():
+        if isinstance(methods, dict) and methods:  # a loaded package
+            if name not in methods:
+                listed = ", ".join(methods)
+                raise ValueError(f"{role}={name!r}: the package has no method {name!r}; its methods: {listed}")
+        elif not isinstance(name, str) or name.startswith("_") or not callable(getattr(model, name, None)):
+            raise ValueError(f"{role}={name!r}: {type(model).__name__} has no method {name!r} to generate with")
