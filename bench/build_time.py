@@ -55,7 +55,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as work:
         directory = save_model(Path(work) / "model", args.size, torch.float32)
-        trees = {"this code": HERE.parent}
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=HERE.parent, check=False).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "diff", "--quiet"], cwd=HERE.parent, check=False).returncode != 0
+        trees = {f"this code ({head}{', changed' if dirty else ''})": HERE.parent}
         if args.before:
             trees[f"at {args.before}"] = Path(work) / "before"
             subprocess.run(["git", "worktree", "add", "--detach", str(trees[f"at {args.before}"]), args.before],
