@@ -126,7 +126,7 @@ def up_to_date_before_hydra(composed: DictConfig, argv: list[str]) -> bool:
     """Whether the build is up to date (or filled from the store), said as
     Hydra's logging would say it, without starting Hydra: the answer needs
     the config and the key, not a run directory. Anything Hydra itself would
-    do for the run (an override of `hydra.*`, a callback of the user's)
+    do for the run (an override of `hydra.*`, a callback of the user's, the job's environment or directory)
     leaves the answer to the job; so does any problem, which the job reports."""
     import logging.config
 
@@ -137,6 +137,8 @@ def up_to_date_before_hydra(composed: DictConfig, argv: list[str]) -> bool:
 
     shipped_callbacks = {"sweep_summary"}
     if any(arg.lstrip("+~").startswith("hydra") for arg in argv) or set(composed.hydra.callbacks) != shipped_callbacks:
+        return False
+    if composed.hydra.job.env_set or composed.hydra.job.chdir:  # the job's environment and directory: Hydra's run
         return False
     job_logging = cast(dict[str, Any], OmegaConf.to_container(composed.hydra.job_logging))
     job_logging["handlers"].pop("file", None)  # the run directory's log: there is no run

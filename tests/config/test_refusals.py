@@ -5,6 +5,7 @@ on top of each other, values of the wrong kind. Nothing is compiled."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -441,3 +442,31 @@ def test_a_key_inside_a_swept_group_is_named_not_a_traceback() -> None:
     with pytest.raises(ConfigError, match=r"'module.max_prompt' = 4: is inside the config group 'module', which this"):
         check_command_line(["-m", "+module=mlp,tiny_lm", "module.max_prompt=4"])
     assert check_command_line(["-m", "+module=mlp,tiny_lm", "seed=1,2"]) is None  # a sweep: Hydra runs it
+
+
+def test_a_jobs_environment_or_directory_from_a_file_leaves_the_up_to_date_answer_to_hydra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer before Hydra runs sees the config: a file's hydra.job.env_set (a checkpoint path
+    from the environment, $CXX) or chdir would change what Hydra's run builds."""
+    import flashrt_build.cache.reuse as reuse
+    from flashrt_build.cli import up_to_date_before_hydra
+    from flashrt_build.config.command_line import check_command_line
+    from flashrt_build.config.schema import register_schema
+
+    register_schema()
+    monkeypatch.setattr(reuse, "decide", lambda plan, say_why=True: reuse.Reuse("up_to_date", {}))
+    (tmp_path / "module").mkdir()
+    module = "module: {name: m, model: {_target_: flashrt_build.examples.MLP}, inputs: {x: {shape: [4, 16]}}}\n"
+    for name, job in (("plain", "{}"), ("env", "{env_set: {CKPT: b.safetensors}}"), ("chdir", "{chdir: true}")):
+        (tmp_path / "module" / f"{name}.yaml").write_text(f"# @package _global_\nhydra: {{job: {job}}}\n{module}")
+    answers, handlers, level = {}, logging.root.handlers[:], logging.root.level
+    try:  # the answer configures logging as Hydra's run would: put pytest's back after
+        for name in ("plain", "env", "chdir"):
+            argv = ["--config-dir", str(tmp_path), f"+module={name}", f"output_root={tmp_path}/out"]
+            composed = check_command_line(argv)
+            assert composed is not None
+            answers[name] = up_to_date_before_hydra(composed, argv)
+    finally:
+        logging.root.handlers[:], logging.root.level = handlers, level
+    assert answers == {"plain": True, "env": False, "chdir": False}
