@@ -46,9 +46,9 @@ def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: An
     if what == "max_prompt":
         if given is None:
             return fallback
-        if not isinstance(given, int) or not 1 <= given <= fallback:
+        if not isinstance(given, int) or not 2 <= given <= fallback:  # the prompt's length is a dim from 1 to it
             raise ConfigError(
-                "module.max_prompt", given, f"expected a prompt length from 1 to module.max_cache_len ({fallback})"
+                "module.max_prompt", given, f"expected a prompt length from 2 to module.max_cache_len ({fallback})"
             )
         return given
     if what == "example_prompt":
@@ -69,8 +69,8 @@ def llm_value(what: str, pretrained: str | None, given: Any = None, fallback: An
         positions = positions and _positive(positions, "max_position_embeddings", pretrained)
         if given is None:
             return min(positions or MAX_DEFAULT_CACHE, MAX_DEFAULT_CACHE)
-        if not isinstance(given, int) or given < 1:
-            raise ConfigError("module.max_cache_len", given, "expected the positions the KV cache holds, at least 1")
+        if not isinstance(given, int) or given < 2:  # a prompt's length is a dim from 1 to at most it
+            raise ConfigError("module.max_cache_len", given, "expected the positions the KV cache holds, at least 2")
         if positions and given > positions:
             raise ConfigError(
                 "module.max_cache_len",

@@ -32,7 +32,7 @@ class EvilLM(LlamaForCausalLM):
 """
 
 
-UP_TO_THE_CACHE = "from 1 to module.max_cache_len (32)"
+UP_TO_THE_CACHE = "from 2 to module.max_cache_len (32)"
 
 
 def with_code(directory: Path, marker: Path, model_type: str) -> Path:
@@ -136,6 +136,12 @@ def test_an_llm_lands_in_its_directorys_folder_and_records_absolute_paths(
     ("overrides", "key", "said"),
     [
         (["module.max_cache_len=0"], "'module.max_cache_len' = 0", "expected the positions the KV cache holds"),
+        (
+            ["module.max_cache_len=1"],
+            "'module.max_cache_len' = 1",
+            "expected the positions the KV cache holds, at least 2",
+        ),
+        (["module.max_prompt=1"], "'module.max_prompt' = 1", f"expected a prompt length {UP_TO_THE_CACHE}"),
         (["module.max_cache_len=1000"], "'module.max_cache_len' = 1000", "the model has 256 positions"),
         (["module.max_prompt=0"], "'module.max_prompt' = 0", f"expected a prompt length {UP_TO_THE_CACHE}"),
         (["module.max_prompt=100"], "'module.max_prompt' = 100", f"expected a prompt length {UP_TO_THE_CACHE}"),
