@@ -41,6 +41,22 @@ def unknown_keys(config: Mapping[str, Any]) -> list[ConfigError]:
     return problems
 
 
+def removed_keys(config: Mapping[str, Any], node: Any = BuildConfig, path: str = "") -> list[ConfigError]:
+    """Keys of the schema a composed config lacks: removed with `~KEY`, which
+    the schema's every key must have (`~seed`: the build would fail on it)."""
+    node = _unwrap_optional(node)
+    if not dataclasses.is_dataclass(node) or not isinstance(config, Mapping):
+        return []
+    problems = []
+    for name, kind in typing.get_type_hints(node).items():
+        key = f"{path}{name}"
+        if name not in config:
+            problems.append(ConfigError(key, None, f"is a key every build has: set it ({key}=...), not remove it"))
+        else:
+            problems += removed_keys(config[name], kind, f"{key}.")
+    return problems
+
+
 def unread_module_keys(module: Mapping[str, Any]) -> list[ConfigError]:
     """causal_lm's keys set (not null) on a module whose config reads none of
     them through an interpolation (`+module=mlp module.batch=2`): they would

@@ -470,3 +470,10 @@ def test_a_jobs_environment_or_directory_from_a_file_leaves_the_up_to_date_answe
     finally:
         logging.root.handlers[:], logging.root.level = handlers, level
     assert answers == {"plain": True, "env": False, "chdir": False}
+
+
+def test_a_key_every_build_has_cannot_be_removed(tmp_path: Path) -> None:
+    from flashrt_build.config.spec import resolve_spec
+
+    with pytest.raises(ConfigError, match=r"'seed' = None: is a key every build has: set it \(seed=\.\.\.\), not remo"):
+        resolve_spec(compose(["+module=mlp", "~seed", f"output_root={tmp_path}"]))  # a KeyError, exit 1, before
