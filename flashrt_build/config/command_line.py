@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from ..artifact import enclosing_build
 from ..errors import ConfigError
 from .compose import CONF_DIR, compose, hydra_loader
 from .hydra_errors import composition_error
@@ -67,6 +68,7 @@ def check_command_line(argv: Sequence[str]) -> DictConfig | None:
     for number, job in enumerate(jobs, 1):
         try:
             cfg = compose(job, config_dir=args.config_dir, with_hydra=True, config_name=args.config_name or "config")
+            check_logs_dir(cfg, "hydra.sweep.dir" if args.multirun else "hydra.run.dir")
             config = plain(cfg)
             patterns = allowed_targets(config)
             if patterns:
@@ -90,6 +92,20 @@ def check_command_line(argv: Sequence[str]) -> DictConfig | None:
     plain_run = not args.multirun and args.cfg is None and getattr(args, "experimental_rerun", None) is None
     plain_run = plain_run and args.config_name is None  # a primary config of the user's: Hydra runs it
     return cfg if plain_run else None
+
+
+def check_logs_dir(cfg: Any, key: str) -> None:
+    """Hydra makes its run (or sweep) directory before the build's first
+    line: one inside a build's artifact would leave that artifact holding
+    entries its build did not write, which then refuses to serve."""
+    try:
+        place = OmegaConf.select(cfg, key, throw_on_missing=True)
+    except Exception:  # an interpolation that cannot be said yet: Hydra's to make
+        return
+    inside = enclosing_build(Path(str(place)) / ".hydra") if place else None
+    if inside is not None:
+        raise ConfigError(key, str(place), f"is inside {inside}, a build's artifact, which would then refuse to serve "
+                          "(Hydra writes its logs there first): give a directory outside it")  # fmt: skip
 
 
 def output_dir_of(cfg: Any) -> Path | None:

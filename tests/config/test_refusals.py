@@ -432,6 +432,11 @@ def test_an_output_root_inside_an_artifact_is_refused_and_gets_no_logs(tmp_path:
                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
         assert done.returncode == 2 and f"config key 'output_root' = '{root}': is " in done.stderr, done.stderr
     assert sorted(p.name for p in artifact.iterdir()) == [MANIFEST]  # Hydra's .runs went elsewhere
+    for flags, key in (([], "hydra.run.dir"), (["-m", "seed=1,2"], "hydra.sweep.dir")):  # Hydra's own folders
+        done = subprocess.run([sys.executable, "-m", "flashrt_build", *flags, "+module=mlp", f"{key}={artifact}/logs",
+                               f"output_root={tmp_path}/out"], capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 2 and f"config key '{key}' = '{artifact}/logs': is inside" in done.stderr
+    assert sorted(p.name for p in artifact.iterdir()) == [MANIFEST]
 
 
 def test_a_key_inside_a_swept_group_is_named_not_a_traceback() -> None:
