@@ -115,6 +115,13 @@ def compose(
     given = list(overrides)
     if config_dir is not None:
         check_config_dir("config_dir", config_dir)
+    if config_name != "config" and (config_dir is None or not (Path(config_dir) / f"{config_name}.yaml").is_file()):
+        where = f"{config_dir} holds no {config_name}.yaml" if config_dir is not None else "no --config-dir is given"
+        raise ConfigError("--config-name", config_name, f"{where}; a primary config of yours is a YAML file there",
+                          "argument")  # fmt: skip
+    if not with_hydra and (run := [o for o in given if o.lstrip("+~").split("=")[0].split(".")[0] in ("hydra",)]):
+        raise ConfigError("overrides", run, "hydra.* set Hydra's run, which composing without the command line has "
+                          "none of: give them to flashrt-build", "argument")  # fmt: skip
     try:
         with hydra_loader(config_dir) as loader:
             cfg = hydra_compose(config_name=config_name, overrides=given, return_hydra_config=with_hydra)

@@ -482,3 +482,10 @@ def test_a_key_every_build_has_cannot_be_removed(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"'seed' = None: is a key every build has: set it \(seed=\.\.\.\), not remo"):
         resolve_spec(compose(["+module=mlp", "~seed", f"output_root={tmp_path}"]))  # a KeyError, exit 1, before
+
+
+def test_composing_names_a_missing_primary_and_hydras_run_settings(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"argument '--config-name' = 'mine': .* holds no mine.yaml; a primary"):
+        compose(["+module=mlp"], config_dir=tmp_path, config_name="mine")  # it blamed 'command line', said nothing
+    with pytest.raises(ConfigError, match=r"argument 'overrides' = \['hydra.job.env_set.X=1'\]: hydra.\* set Hydra's"):
+        compose(["+module=mlp", "hydra.job.env_set.X=1"])  # a KeyError: 'hydra', before
