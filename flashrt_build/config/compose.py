@@ -119,6 +119,9 @@ def compose(
         where = f"{config_dir} holds no {config_name}.yaml" if config_dir is not None else "no --config-dir is given"
         raise ConfigError("--config-name", config_name, f"{where}; a primary config of yours is a YAML file there",
                           "argument")  # fmt: skip
+    if flags := [o for o in given if o.startswith("-")]:
+        raise ConfigError("overrides", flags, "flags are the command line's; here config_dir= and config_name= say "
+                          "them, and overrides are key=value", "argument")  # fmt: skip
     if not with_hydra and (run := [o for o in given if o.lstrip("+~").split("=")[0].split(".")[0] in ("hydra",)]):
         raise ConfigError("overrides", run, "hydra.* set Hydra's run, which composing without the command line has "
                           "none of: give them to flashrt-build", "argument")  # fmt: skip

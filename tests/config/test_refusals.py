@@ -489,3 +489,5 @@ def test_composing_names_a_missing_primary_and_hydras_run_settings(tmp_path: Pat
         compose(["+module=mlp"], config_dir=tmp_path, config_name="mine")  # it blamed 'command line', said nothing
     with pytest.raises(ConfigError, match=r"argument 'overrides' = \['hydra.job.env_set.X=1'\]: hydra.\* set Hydra's"):
         compose(["+module=mlp", "hydra.job.env_set.X=1"])  # a KeyError: 'hydra', before
+    with pytest.raises(ConfigError, match=r"'overrides' = \['--config-name=mine'\]: flags are the command line's"):
+        compose(["+module=mlp", "--config-name=mine"])  # "quote a value", before
