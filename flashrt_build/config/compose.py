@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import ConfigError
 from .hydra_errors import composition_error, null_group
-from .keys import unknown_keys, value_at
+from .keys import unknown_keys, unread_module_keys, value_at
 from .naming import group_overrides, names_nothing, variant_of
 from .paths import check_config_dir
 from .problems import raise_all
@@ -137,6 +137,8 @@ def compose(
         if "Config group override must be" not in str(exc):
             raise
         raise null_group(given) from None
+    if cfg.get("module") is not None:  # as composed, its interpolations unresolved: what reads what
+        raise_all(unread_module_keys(plain(cfg.module)))
     check_allow_list_source(plain(cfg).get("allowed_targets"), given)
     check_code_keys_source(plain(cfg), given)  # before the config dir's parent joins python_path
     name_and_place(cfg, baseline, config_dir)

@@ -23,7 +23,7 @@ from ..runtime.formats import Checkpoint
 from .compiler import flatten_options, probe_compiler, profile_options, resolve_compiler
 from .files import InputFile, model_files
 from .inputs import InputSpec, MethodSpec, canonical_dtype
-from .keys import removed_keys, unknown_keys, unread_module_keys
+from .keys import removed_keys, unknown_keys
 from .llm import register_resolvers
 from .module import resolve_module
 from .paths import derive_output_dir, resolve_outputs
@@ -209,7 +209,6 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     raise_all(removed_keys(plain(cfg)))  # `~seed`: every later step reads them
     if cfg.get("module") is None:
         raise ConfigError("module", None, "no module given: add +module=NAME (see conf/module/)")
-    raise_all(unread_module_keys(plain(cfg.module)))  # likewise
     register_resolvers()
     try:
         config = plain(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)

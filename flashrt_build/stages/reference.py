@@ -40,11 +40,17 @@ class Reference:
     failure: VerifyError | None = None
 
     def ran_at_edges(self) -> set[tuple[str, tuple[tuple[str, int], ...]]]:
-        """(method, sizes) of the calls the module ran with its integer inputs
-        at both ends of their ranges: what the inputs stage need not run again."""
+        """(method, sizes) of the calls the module ran with every dynamic dim
+        at its max and its integer inputs at both ends of their ranges: what
+        the inputs stage need not run again."""
         if self.failure is not None:
             return set()
-        return {(c.method.name, tuple(sorted(c.sizes.items()))) for c in self.calls if c.edges}
+
+        def at_max(call: Call) -> bool:
+            dims = {d.name: d.max for inp in call.method.inputs for d in inp.dynamic.values()}
+            return bool(dims) and call.sizes == dims
+
+        return {(c.method.name, tuple(sorted(c.sizes.items()))) for c in self.calls if at_max(c)}
 
     def state(self, names: list[str], module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The value each state buffer must hold after the sequence: the one

@@ -167,6 +167,7 @@ def test_the_reference_runs_the_max_at_the_ranges_ends_so_the_inputs_stage_does_
     assert 128 not in lengths and "at the max: the reference's call" in note
     failed = Reference(calls, failure=VerifyError("raised"))
     assert failed.ran_at_edges() == set()  # a reference that raised proves nothing
+    assert Reference(plan_calls(spec_of("+module=mlp"), repeat=0)).ran_at_edges() == {("forward", (("batch", 64),))}
 
 
 # inductor options -------------------------------------------------------------
